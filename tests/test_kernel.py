@@ -1,0 +1,168 @@
+"""The kernel itself, run by Triton's interpreter on CPU tensors: numerics at ragged edges,
+every layout, the scheduling guarantee and bitwise reproducibility."""
+
+import itertools
+
+import pytest
+import torch
+
+from tritonblas_ops import device as devices
+from tritonblas_ops.config import TileConfig
+from tritonblas_ops.kernel import Schedule, launch, num_tiles, ws_matmul
+from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
+
+pytestmark = pytest.mark.usefixtures("poison_empty")
+
+SMALL = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=1)
+
+ODD_SHAPES = [
+    (1, 1, 1),
+    (7, 13, 5),  # primes, all smaller than one tile
+    (15, 17, 33),
+    (257, 129, 300),
+    (40, 50, 7),  # K smaller than one block
+    (33, 65, 32),  # K exactly one block, M and N one past a tile
+]
+
+
+def operand(rows, cols, dtype, transposed):
+    """A (rows, cols) operand, row-major or a transposed view of a column-major buffer."""
+    if transposed:
+        return torch.randn(cols, rows, dtype=dtype).t()
+    return torch.randn(rows, cols, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("a_t,b_t", list(itertools.product([False, True], repeat=2)))
+@pytest.mark.parametrize("m,n,k", ODD_SHAPES)
+def test_matches_float64_reference(m, n, k, a_t, b_t, dtype):
+    a, b = operand(m, k, dtype, a_t), operand(k, n, dtype, b_t)
+    assert_matches(ws_matmul(a, b), matmul_ref(a, b), REL_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("num_shards", [1, 3, 8])
+def test_batched_tiles_share_one_queue(num_shards):
+    a, b = torch.randn(3, 37, 29), torch.randn(3, 29, 45)
+    out = ws_matmul(a, b, config=SMALL, num_shards=num_shards, num_programs=5)
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.float32])
+
+
+def test_odd_views_and_layouts():
+    base = torch.randn(70, 90)
+    sliced = base[3:43, 5:65]  # offset view with a leading stride of 90
+    every_other = base[::2, ::3]  # no unit stride: copied to row-major first
+    b = torch.randn(60, 20)
+    assert_matches(ws_matmul(sliced, b), matmul_ref(sliced, b), REL_TOLERANCE[torch.float32])
+    b2 = torch.randn(30, 20)
+    out = ws_matmul(every_other, b2)
+    assert_matches(out, matmul_ref(every_other, b2), REL_TOLERANCE[torch.float32])
+
+
+def test_ragged_edge_tiles_never_write_outside_the_output():
+    """The output is a window into a larger buffer: a wrapped or unmasked edge write (the
+    `% M` defect of tritonBLAS PR #65) would land in the sentinel border."""
+    m, n, k = 37, 41, 23
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    sentinel = 12345.0
+    buffer = torch.full((1, m + 9, n + 11), sentinel)
+    out = buffer[:, 4 : 4 + m, 5 : 5 + n]
+    out.fill_(float("nan"))
+    counters = torch.zeros(2 * devices.COUNTER_STRIDE, dtype=torch.int32)
+    launch(a[None], b[None], out, None, 1.0, 1.0, counters,
+           config=SMALL, num_shards=2, num_programs=3)
+    assert_matches(out[0], matmul_ref(a, b), REL_TOLERANCE[torch.float32])
+    border = torch.ones_like(buffer, dtype=torch.bool)
+    border[:, 4 : 4 + m, 5 : 5 + n] = False
+    assert (buffer[border] == sentinel).all(), "the kernel wrote outside the output window"
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+@pytest.mark.parametrize("num_programs", [1, 3, 5, 16])
+@pytest.mark.parametrize("num_shards", [1, 2, 6, 8])
+def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule):
+    m, n, k, batches = 50, 70, 20, 2
+    a, b = torch.randn(batches, m, k), torch.randn(batches, k, n)
+    tiles = num_tiles(m, n, batches, SMALL)
+    tile_counts = torch.zeros(tiles, dtype=torch.int32)
+    counters = torch.zeros(num_shards * devices.COUNTER_STRIDE, dtype=torch.int32)
+    out = torch.full((batches, m, n), float("nan"))
+    launch(a, b, out, None, 1.0, 1.0, counters, config=SMALL, num_shards=num_shards,
+           num_programs=num_programs, schedule=schedule, tile_counts=tile_counts)
+    assert tile_counts.tolist() == [1] * tiles
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.float32])
+    if schedule is Schedule.WORK_STEALING:
+        # Every program makes exactly one failed claim on every shard before it stops.
+        shard_sizes = [(s + 1) * tiles // num_shards - s * tiles // num_shards
+                       for s in range(num_shards)]
+        used = counters.view(num_shards, devices.COUNTER_STRIDE)
+        assert used[:, 0].tolist() == [size + num_programs for size in shard_sizes]
+        assert (used[:, 1:] == 0).all(), "an atomic hit the padding between counters"
+
+
+def test_counter_buffer_smaller_than_shard_count_is_refused():
+    a, b, out = torch.randn(1, 8, 8), torch.randn(1, 8, 8), torch.empty(1, 8, 8)
+    too_small = torch.zeros(4 * devices.COUNTER_STRIDE - 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="counter buffer must be int32 with >= 256 elements for 4 shards"):
+        launch(a, b, out, None, 1.0, 1.0, too_small, config=SMALL, num_shards=4, num_programs=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_bitwise_identical_whatever_the_schedule(dtype):
+    a, b = torch.randn(45, 300, dtype=dtype), torch.randn(300, 38, dtype=dtype)
+    first = ws_matmul(a, b, config=SMALL, num_shards=1, num_programs=1)
+    for shards, programs, schedule in [(1, 1, Schedule.WORK_STEALING), (8, 3, Schedule.WORK_STEALING),
+                                       (3, 7, Schedule.WORK_STEALING), (1, 4, Schedule.STATIC)]:
+        again = ws_matmul(a, b, config=SMALL, num_shards=shards, num_programs=programs,
+                          schedule=schedule)
+        assert torch.equal(again, first), (shards, programs, schedule)
+
+
+@pytest.mark.parametrize("k", [0, 1, 15, 16, 17])
+def test_small_k(k):
+    """K of zero, one, or about one block: no loop-count assumption may break these."""
+    a, b = torch.randn(20, k), torch.randn(k, 24)
+    out = ws_matmul(a, b, config=SMALL)
+    if k == 0:  # torch.mm's answer; the reference's norm is zero
+        assert torch.equal(out, torch.zeros(20, 24))
+    else:
+        assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.float32])
+
+
+def test_bias_epilogue_with_alpha_and_beta():
+    a, b = torch.randn(30, 20), torch.randn(20, 25)
+    for bias in [torch.randn(25), torch.randn(1, 25), torch.randn(30, 1), torch.randn(30, 25),
+                 torch.tensor(0.75)]:
+        out = ws_matmul(a, b, bias, alpha=0.5, beta=-2.0, config=SMALL)
+        assert_matches(out, matmul_ref(a, b, bias, alpha=0.5, beta=-2.0), REL_TOLERANCE[torch.float32])
+
+
+def test_cpu_bfloat16_is_right_despite_the_interpreters_bf16_dot():
+    a, b = torch.randn(33, 40, dtype=torch.bfloat16), torch.randn(40, 21, dtype=torch.bfloat16)
+    out = ws_matmul(a, b)
+    assert out.dtype == torch.bfloat16
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+
+
+def test_num_xcds_from_arch():
+    assert devices.num_xcds_for_arch("gfx942:sramecc+:xnack-", 304) == 8  # MI300X
+    assert devices.num_xcds_for_arch("gfx942", 228) == 6  # MI300A
+    assert devices.num_xcds_for_arch("gfx950", 256) == 8  # MI350
+    assert devices.num_xcds_for_arch("gfx90a", 110) == 1  # MI250X GCD: no XCD sharding
+
+
+def test_default_shards_follow_the_xcds_on_hip(monkeypatch):
+    class MI300A:
+        gcnArchName = "gfx942:sramecc+:xnack-"
+        multi_processor_count = 228
+
+    monkeypatch.delenv(devices.SHARDS_ENV, raising=False)
+    monkeypatch.setattr(devices, "is_hip", lambda: True)
+    monkeypatch.setattr(devices, "_properties", lambda index: MI300A)
+    assert devices.default_num_shards(torch.device("cuda", 0)) == 6
+    monkeypatch.setattr(devices, "is_hip", lambda: False)
+    assert devices.default_num_shards(torch.device("cuda", 0)) == 1
+    monkeypatch.setenv(devices.SHARDS_ENV, "4")
+    assert devices.default_num_shards(torch.device("cuda", 0)) == 4
+    monkeypatch.setenv(devices.SHARDS_ENV, "0")
+    with pytest.raises(ValueError, match="TRITONBLAS_OPS_NUM_SHARDS must be a positive integer"):
+        devices.default_num_shards(torch.device("cuda", 0))

@@ -1,0 +1,128 @@
+"""torch.ops.tritonblas.*: opcheck, autograd, aten semantics, and clear errors on bad input.
+CPU tensors run the real kernel through Triton's interpreter."""
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import tritonblas_ops  # noqa: F401
+from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
+
+pytestmark = pytest.mark.usefixtures("poison_empty")
+
+ops = torch.ops.tritonblas
+FP32 = REL_TOLERANCE[torch.float32]
+
+
+def transposed(t):
+    """Same values, column-major storage (a transposed view of a contiguous tensor)."""
+    return t.mT.contiguous().mT
+
+
+def op_cases():
+    a, b, bias = torch.randn(19, 23), torch.randn(23, 29), torch.randn(29)
+    a3, b3 = torch.randn(3, 19, 23), torch.randn(3, 23, 29)
+    yield "ws_mm", (a, b), {}
+    yield "ws_mm", (transposed(a), transposed(b)), {}
+    yield "ws_addmm", (bias, a, b), {"beta": 0.5, "alpha": 2.0}
+    yield "ws_addmm", (torch.randn(19, 1), transposed(a), b), {}
+    yield "ws_bmm", (a3, b3), {}
+    yield "ws_bmm", (transposed(a3), transposed(b3)), {}
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("case", list(op_cases()), ids=lambda case: case[0])
+def test_opcheck(case, requires_grad):
+    name, args, kwargs = case
+    args = tuple(t.detach().requires_grad_(requires_grad) for t in args)
+    opcheck(getattr(ops, name), args, kwargs)  # raises on any failed check
+
+
+@pytest.mark.parametrize("case", list(op_cases()), ids=lambda case: case[0])
+def test_forward_and_gradients_match_aten(case):
+    name, args, kwargs = case
+    aten = {"ws_mm": torch.mm, "ws_addmm": torch.addmm, "ws_bmm": torch.bmm}[name]
+    ours_in = [t.detach().requires_grad_() for t in args]
+    ref_in = [t.detach().double().requires_grad_() for t in args]
+    out = getattr(ops, name)(*ours_in, **kwargs)
+    ref = aten(*ref_in, **kwargs)
+    assert_matches(out, ref, FP32)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad.double())
+    for ours, theirs in zip(ours_in, ref_in):
+        assert_matches(ours.grad, theirs.grad, FP32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_output_dtype_follows_the_inputs(dtype):
+    a, b = torch.randn(9, 10, dtype=dtype), torch.randn(10, 11, dtype=dtype)
+    out = ops.ws_mm(a, b)
+    assert out.dtype == dtype and out.shape == (9, 11)
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[dtype])
+
+
+def test_addmm_beta_zero_ignores_nan_bias_like_torch():
+    a, b = torch.randn(6, 7), torch.randn(7, 8)
+    bias = torch.full((8,), float("nan"))
+    out = ops.ws_addmm(bias, a, b, beta=0.0, alpha=1.5)
+    assert_matches(out, matmul_ref(a, b, alpha=1.5), FP32)
+
+
+@pytest.mark.parametrize(
+    "shape_a,shape_b",
+    [((0, 5), (5, 7)), ((4, 5), (5, 0)), ((0, 0), (0, 0))],
+)
+def test_empty_outputs(shape_a, shape_b):
+    out = ops.ws_mm(torch.randn(shape_a), torch.randn(shape_b))
+    assert out.shape == (shape_a[0], shape_b[1])
+
+
+def test_zero_k_gives_zeros_and_beta_bias():
+    a, b = torch.randn(4, 0), torch.randn(0, 6)
+    assert torch.equal(ops.ws_mm(a, b), torch.zeros(4, 6))
+    bias = torch.randn(6)
+    assert torch.equal(ops.ws_addmm(bias, a, b, beta=2.0), torch.addmm(bias, a, b, beta=2.0))
+    assert ops.ws_bmm(torch.randn(0, 4, 5), torch.randn(0, 5, 6)).shape == (0, 4, 6)
+    assert torch.equal(ops.ws_bmm(torch.randn(2, 4, 0), torch.randn(2, 0, 6)), torch.zeros(2, 4, 6))
+
+
+M = torch.randn(4, 5)
+BAD_INPUTS = [
+    ("ws_mm", (torch.randn(4), torch.randn(4, 5)), RuntimeError, r"ws_mm: a must be a 2-D tensor, got shape \(4,\)"),
+    ("ws_mm", (M, torch.randn(2, 5, 3)), RuntimeError, r"ws_mm: b must be a 2-D tensor, got shape \(2, 5, 3\)"),
+    ("ws_mm", (M, torch.randn(6, 3)), RuntimeError, r"ws_mm: inner dimensions differ: a is \(4, 5\), b is \(6, 3\)"),
+    ("ws_mm", (M, torch.randn(5, 3, dtype=torch.float16)), RuntimeError,
+     r"ws_mm: a and b must have the same dtype, got torch.float32 and torch.float16"),
+    ("ws_mm", (M.double(), torch.randn(5, 3, dtype=torch.float64)), RuntimeError,
+     r"ws_mm: dtype torch.float64 is not supported; use float16, bfloat16 or float32"),
+    ("ws_mm", (M.int(), torch.ones(5, 3, dtype=torch.int32)), RuntimeError,
+     r"ws_mm: dtype torch.int32 is not supported"),
+    ("ws_mm", (M, torch.randn(5, 3, device="meta")), RuntimeError,
+     r"ws_mm: a and b must be on the same device, got cpu and meta"),
+    ("ws_mm", (M, 3.0), RuntimeError,
+     r"tritonblas::ws_mm\(\) Expected a value of type 'Tensor' for argument 'b' but instead found type 'float'"),
+    ("ws_bmm", (torch.randn(2, 4, 5), torch.randn(3, 5, 6)), RuntimeError,
+     r"ws_bmm: batch sizes differ: a is \(2, 4, 5\), b is \(3, 5, 6\)"),
+    ("ws_bmm", (M, torch.randn(5, 6)), RuntimeError, r"ws_bmm: a must be a 3-D tensor"),
+    ("ws_addmm", (torch.randn(4, 7), M, torch.randn(5, 6)), RuntimeError,
+     r"ws_addmm: bias of shape \(4, 7\) does not broadcast to \(4, 6\)"),
+    ("ws_addmm", (torch.randn(2, 4, 6), M, torch.randn(5, 6)), RuntimeError,
+     r"ws_addmm: bias of shape \(2, 4, 6\) does not broadcast to \(4, 6\)"),
+    ("ws_addmm", (torch.randn(6, dtype=torch.float16), M, torch.randn(5, 6)), RuntimeError,
+     r"ws_addmm: bias must have the dtype of a and b \(torch.float32\), got torch.float16"),
+]
+
+
+@pytest.mark.parametrize("name,args,error,message", BAD_INPUTS, ids=lambda x: x if isinstance(x, str) else "")
+def test_bad_input_is_refused_clearly(name, args, error, message):
+    with pytest.raises(error, match=message):
+        getattr(ops, name)(*args)
+    # Nothing was left half-done: the next good call is right.
+    a, b = torch.randn(8, 9), torch.randn(9, 10)
+    assert_matches(ops.ws_mm(a, b), matmul_ref(a, b), FP32)
+
+
+def test_bad_input_is_refused_while_tracing_too():
+    with pytest.raises(RuntimeError, match="ws_mm: inner dimensions differ"):
+        torch.compile(ops.ws_mm, backend="aot_eager", fullgraph=True)(M, torch.randn(6, 3))

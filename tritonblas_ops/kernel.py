@@ -1,0 +1,345 @@
+"""The work-stealing persistent GEMM: C[b] = alpha * A[b] @ B[b] + beta * bias.
+
+One program per SM/CU. Output tiles (every batch's, in one queue) are numbered 0..T-1 in
+GROUP_M-swizzled order and split into NUM_SHARDS contiguous shards, each with an atomic
+counter. Program p starts on shard p % NUM_SHARDS (on AMD that is its XCD, so its tiles stay
+in that XCD's L2), claims tiles there until the shard is dry, then steals from the other
+shards in order. Every tile is computed exactly once, by whichever program claims it, for
+any grid size and however many programs actually run (other kernels may hold SMs).
+
+Each tile runs its whole K loop in one program, in a fixed order: results are bitwise
+reproducible whatever the schedule.
+
+Reads top to bottom: tile-index helpers, the tile body, the persistent loop, the launcher.
+"""
+
+import enum
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from tritonblas_ops import device as devices
+from tritonblas_ops.config import TileConfig, select_config
+
+
+class Schedule(enum.Enum):
+    WORK_STEALING = "work_stealing"  # tiles claimed from sharded atomic counters
+    STATIC = "static"  # program p takes tiles p, p + grid, ...: the baseline we beat
+
+
+# ---------------------------------------------------------------------------------------
+# Tile-index helpers
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(batch, tile row, tile column) of a tile number, GROUP_M rows swizzled together
+    so that programs running at the same time share B's columns in L2."""
+    tiles_per_batch = tiles_m * tiles_n
+    batch = tile // tiles_per_batch
+    tile_in_batch = tile % tiles_per_batch
+    tiles_per_group = GROUP_M * tiles_n
+    first_m = (tile_in_batch // tiles_per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    tile_m = first_m + (tile_in_batch % tiles_per_group) % group_rows
+    tile_n = (tile_in_batch % tiles_per_group) // group_rows
+    return batch, tile_m, tile_n
+
+
+@triton.jit
+def _shard_begin(shard, num_tiles, NUM_SHARDS: tl.constexpr):
+    """First tile of a shard: shards are contiguous, their sizes differ by at most one."""
+    return (shard.to(tl.int64) * num_tiles // NUM_SHARDS).to(tl.int32)
+
+
+@triton.jit
+def _claim_tile(counters_ptr, home_shard, dry_shards, num_tiles,
+                NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr):
+    """The next tile for this program, or -1 once every shard is dry.
+
+    `dry_shards` counts the shards, from the home shard on, that this program has found
+    empty; it is carried between calls so no program asks an empty shard twice.
+    """
+    tile = -1
+    while (tile < 0) & (dry_shards < NUM_SHARDS):
+        shard = (home_shard + dry_shards) % NUM_SHARDS
+        begin = _shard_begin(shard, num_tiles, NUM_SHARDS)
+        size = _shard_begin(shard + 1, num_tiles, NUM_SHARDS) - begin
+        # Relaxed is enough: the counter only hands out indices, it guards no data.
+        claimed = tl.atomic_add(counters_ptr + shard * COUNTER_STRIDE, 1, sem="relaxed")
+        if claimed < size:
+            tile = begin + claimed
+        else:
+            dry_shards += 1
+    return tile, dry_shards
+
+
+# ---------------------------------------------------------------------------------------
+# The tile body
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _matmul_tile(
+    a_ptr, b_ptr, c_ptr, bias_ptr,
+    batch, tile_m, tile_n,
+    M, N, K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn,
+    stride_bias_m, stride_bias_n,
+    alpha, beta,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
+):
+    """One output tile, K looped in a fixed order, every edge masked exactly: rows and
+    columns past M, N are never read into the result nor written (no index wrapping)."""
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    if INT64_INDEX:  # some element offset reaches 2**31: do the address math in int64
+        batch = batch.to(tl.int64)
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+        offs_k = offs_k.to(tl.int64)
+    in_m = offs_m < M
+    in_n = offs_n < N
+    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=in_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & in_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    acc = acc * alpha
+    if bias_ptr is not None:
+        bias_ptrs = bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n
+        bias = tl.load(bias_ptrs, mask=in_m[:, None] & in_n[None, :], other=0.0)
+        acc += beta * bias.to(tl.float32)
+    c_ptrs = c_ptr + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+
+
+# ---------------------------------------------------------------------------------------
+# The persistent loop
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def ws_matmul_kernel(
+    a_ptr,  # (B, M, K), any strides
+    b_ptr,  # (B, K, N), any strides
+    c_ptr,  # (B, M, N), written
+    bias_ptr,  # (M, N) view (broadcast strides may be 0), or None
+    counters_ptr,  # int32 (NUM_SHARDS * COUNTER_STRIDE,), zero at launch
+    tile_counts_ptr,  # int32 (num_tiles,) zeroed, or None: +1 per tile computed (tests)
+    M, N, K, num_batches,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn,
+    stride_bias_m, stride_bias_n,
+    alpha, beta,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr,
+    WORK_STEALING: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_m * tiles_n * num_batches
+
+    home_shard = pid % NUM_SHARDS
+    dry_shards = 0
+    if WORK_STEALING:
+        tile, dry_shards = _claim_tile(counters_ptr, home_shard, dry_shards, num_tiles,
+                                       NUM_SHARDS, COUNTER_STRIDE)
+    else:
+        tile = tl.where(pid < num_tiles, pid, -1)
+
+    while tile >= 0:
+        batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        _matmul_tile(
+            a_ptr, b_ptr, c_ptr, bias_ptr, batch, tile_m, tile_n, M, N, K,
+            stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+            stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
+            alpha, beta, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX,
+        )
+        if tile_counts_ptr is not None:
+            tl.atomic_add(tile_counts_ptr + tile, 1, sem="relaxed")
+        if WORK_STEALING:
+            tile, dry_shards = _claim_tile(counters_ptr, home_shard, dry_shards, num_tiles,
+                                           NUM_SHARDS, COUNTER_STRIDE)
+        else:
+            tile += num_programs
+            tile = tl.where(tile < num_tiles, tile, -1)
+
+
+# ---------------------------------------------------------------------------------------
+# The host launcher
+# ---------------------------------------------------------------------------------------
+
+
+class _InterpretedKernel:
+    """The same kernel run by Triton's interpreter, for CPU tensors.
+
+    Without TRITON_INTERPRET=1 the helpers it calls (ours and tl.cdiv's) are compiled-mode
+    JITFunctions, whose __call__ only raises; while the copy runs, they are interpreted too.
+    """
+
+    def __init__(self, jit_function):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self._kernel = InterpretedFunction(jit_function.fn)
+        self._helpers = {}
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            from triton.runtime.interpreter import InterpretedFunction
+            from triton.runtime.jit import JITFunction
+
+            def interpreted_call(jit_fn, *call_args, **call_kwargs):
+                # Keyed by id: hashing a JITFunction would parse its source.
+                if id(jit_fn) not in self._helpers:
+                    self._helpers[id(jit_fn)] = InterpretedFunction(jit_fn.fn)
+                return self._helpers[id(jit_fn)](*call_args, **call_kwargs)
+
+            compiled_call = JITFunction.__call__
+            JITFunction.__call__ = interpreted_call
+            try:
+                self._kernel[grid](*args, **kwargs)
+            finally:
+                JITFunction.__call__ = compiled_call
+
+        return run
+
+
+_interpreted_kernel = functools.cache(lambda: _InterpretedKernel(ws_matmul_kernel))
+
+
+def tf32_enabled() -> bool:
+    """Whether torch.mm may use TF32 for fp32 inputs; reads the new API, then the legacy one."""
+    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", "none")
+    if precision != "none":
+        return precision == "tf32"
+    return torch.backends.cuda.matmul.allow_tf32
+
+
+def num_tiles(m: int, n: int, batches: int, config: TileConfig) -> int:
+    return triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * batches
+
+
+def _max_offset(t: torch.Tensor) -> int:
+    return sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+
+
+def launch(
+    a: torch.Tensor,  # (B, M, K)
+    b: torch.Tensor,  # (B, K, N)
+    c: torch.Tensor,  # (B, M, N), written
+    bias: torch.Tensor | None,  # broadcastable to (M, N), or None
+    alpha: float,
+    beta: float,
+    counters: torch.Tensor,  # int32, zero, at least num_shards * COUNTER_STRIDE
+    *,
+    config: TileConfig,
+    num_shards: int,
+    num_programs: int,
+    schedule: Schedule = Schedule.WORK_STEALING,
+    tile_counts: torch.Tensor | None = None,
+) -> None:
+    """Launch the kernel on already checked, non-empty 3-D operands."""
+    batches, m, k = a.shape
+    n = b.shape[2]
+    if num_shards < 1 or num_programs < 1:
+        raise ValueError(f"need num_shards >= 1 and num_programs >= 1, got {num_shards}, {num_programs}")
+    if counters.dtype != torch.int32 or counters.numel() < num_shards * devices.COUNTER_STRIDE:
+        raise ValueError(
+            f"counter buffer must be int32 with >= {num_shards * devices.COUNTER_STRIDE} elements "
+            f"for {num_shards} shards, got {counters.dtype} with {counters.numel()}"
+        )
+    if bias is not None:
+        bias = bias.expand(m, n)
+    operands = [t for t in (a, b, c, bias) if t is not None]
+    fp32 = a.dtype == torch.float32
+    kernel = _interpreted_kernel() if a.device.type == "cpu" else wrap_triton(ws_matmul_kernel)
+    kernel[(num_programs,)](
+        a, b, c, bias, counters, tile_counts,
+        m, n, k, batches,
+        *a.stride(), *b.stride(), *c.stride(),
+        *(bias.stride() if bias is not None else (0, 0)),
+        alpha, beta,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        NUM_SHARDS=num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
+        WORK_STEALING=schedule is Schedule.WORK_STEALING,
+        INPUT_PRECISION="tf32" if fp32 and tf32_enabled() else "ieee",
+        INT64_INDEX=max(_max_offset(t) for t in operands) >= 2**31 - 1,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+def ws_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    config: TileConfig | None = None,
+    num_shards: int | None = None,
+    num_programs: int | None = None,
+    schedule: Schedule = Schedule.WORK_STEALING,
+) -> torch.Tensor:
+    """alpha * a @ b + beta * bias for 2-D (M, K) @ (K, N) or 3-D (B, M, K) @ (B, K, N).
+
+    The plain Python entry point under the torch ops, with the knobs they keep at defaults:
+    tile config, shard count, grid size and schedule. Inputs must already be valid (the ops
+    check them); a layout with no unit stride is copied first.
+    """
+    if a.device.type == "cpu" and a.dtype == torch.bfloat16:
+        # The interpreter's bf16 tl.dot multiplies raw bits. bf16 products are exact in
+        # fp32, so fp32 operands give what the GPU's bf16 dot would.
+        bias32 = bias.float() if bias is not None else None
+        return ws_matmul(a.float(), b.float(), bias32, alpha=alpha, beta=beta, config=config,
+                         num_shards=num_shards, num_programs=num_programs,
+                         schedule=schedule).to(torch.bfloat16)
+    batched = a.dim() == 3
+    a3, b3 = (a, b) if batched else (a.unsqueeze(0), b.unsqueeze(0))
+    a3, b3 = _unit_stride(a3), _unit_stride(b3)
+    batches, m, k = a3.shape
+    n = b3.shape[2]
+    c = torch.empty((batches, m, n) if batched else (m, n), dtype=a.dtype, device=a.device)
+    if c.numel() == 0:
+        return c
+    if bias is not None and beta == 0:
+        bias = None  # torch.addmm ignores bias when beta == 0, NaN and Inf included
+    config = config or select_config(m, n, k, a.dtype, a.device)
+    if num_shards is None:
+        num_shards = devices.default_num_shards(a.device)
+    if num_programs is None:
+        tiles = num_tiles(m, n, batches, config)
+        num_programs = min(devices.num_compute_units(a.device), tiles)
+    counters = torch.zeros(num_shards * devices.COUNTER_STRIDE, dtype=torch.int32, device=a.device)
+    launch(a3, b3, c if batched else c.unsqueeze(0), bias, alpha, beta, counters,
+           config=config, num_shards=num_shards, num_programs=num_programs, schedule=schedule)
+    return c
+
+
+def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    """Row- and column-major operands (and their transposed views) load as they are; any
+    other layout would make every load a gather, so it is copied to row-major once."""
+    if t.stride(-1) == 1 or t.stride(-2) == 1:
+        return t
+    return t.contiguous()

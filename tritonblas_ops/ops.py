@@ -1,0 +1,188 @@
+"""torch.ops.tritonblas.ws_mm / ws_addmm / ws_bmm: checks, kernels, fake kernels, autograd.
+
+Each op is a `triton_op`, so torch.compile sees the Triton kernel itself rather than an
+opaque call. CPU tensors run the same kernel through Triton's interpreter (for tests and
+demos, not speed); while CPU inputs are being traced, the body returns the aten result.
+"""
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.library import triton_op
+
+from tritonblas_ops.kernel import ws_matmul
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# Input checks, shared by the real and fake kernels (torch._check works on SymInts too)
+# ---------------------------------------------------------------------------------------
+
+
+def _check_operands(op: str, a: Tensor, b: Tensor, rank: int) -> None:
+    for name, t in (("a", a), ("b", b)):
+        torch._check(
+            t.dim() == rank,
+            lambda: f"{op}: {name} must be a {rank}-D tensor, got shape {tuple(t.shape)}",
+        )
+    torch._check(
+        a.dtype == b.dtype,
+        lambda: f"{op}: a and b must have the same dtype, got {a.dtype} and {b.dtype}",
+    )
+    torch._check(
+        a.dtype in SUPPORTED_DTYPES,
+        lambda: f"{op}: dtype {a.dtype} is not supported; use float16, bfloat16 or float32",
+    )
+    torch._check(
+        a.device == b.device,
+        lambda: f"{op}: a and b must be on the same device, got {a.device} and {b.device}",
+    )
+    torch._check(
+        a.shape[-1] == b.shape[-2],
+        lambda: f"{op}: inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}",
+    )
+    if rank == 3:
+        torch._check(
+            a.shape[0] == b.shape[0],
+            lambda: f"{op}: batch sizes differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}",
+        )
+
+
+def _check_bias(bias: Tensor, a: Tensor, b: Tensor) -> None:
+    out_shape = (a.shape[0], b.shape[1])
+    torch._check(
+        bias.dtype == a.dtype,
+        lambda: f"ws_addmm: bias must have the dtype of a and b ({a.dtype}), got {bias.dtype}",
+    )
+    torch._check(
+        bias.device == a.device,
+        lambda: f"ws_addmm: bias must be on {a.device}, got {bias.device}",
+    )
+    broadcasts = bias.dim() <= 2 and all(
+        size == 1 or size == out
+        for size, out in zip(reversed(bias.shape), reversed(out_shape))
+    )
+    torch._check(
+        broadcasts,
+        lambda: f"ws_addmm: bias of shape {tuple(bias.shape)} does not broadcast to {out_shape}",
+    )
+
+
+def _is_traced(t: Tensor) -> bool:
+    return isinstance(t, (FakeTensor, FunctionalTensor))
+
+
+# ---------------------------------------------------------------------------------------
+# The ops
+# ---------------------------------------------------------------------------------------
+
+
+@triton_op("tritonblas::ws_mm", mutates_args=())
+def ws_mm(a: Tensor, b: Tensor) -> Tensor:
+    """(M, K) @ (K, N) with the work-stealing kernel."""
+    _check_operands("ws_mm", a, b, rank=2)
+    if a.device.type == "cpu" and _is_traced(a):
+        return torch.mm(a, b)
+    return ws_matmul(a, b)
+
+
+@triton_op("tritonblas::ws_addmm", mutates_args=())
+def ws_addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: float = 1.0) -> Tensor:
+    """beta * bias + alpha * (a @ b), as torch.addmm; bias is added in the kernel's epilogue."""
+    _check_operands("ws_addmm", a, b, rank=2)
+    _check_bias(bias, a, b)
+    if a.device.type == "cpu" and _is_traced(a):
+        return torch.addmm(bias, a, b, beta=beta, alpha=alpha)
+    return ws_matmul(a, b, bias, alpha=alpha, beta=beta)
+
+
+@triton_op("tritonblas::ws_bmm", mutates_args=())
+def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
+    """(B, M, K) @ (B, K, N): every batch's tiles join one work-stealing queue."""
+    _check_operands("ws_bmm", a, b, rank=3)
+    if a.device.type == "cpu" and _is_traced(a):
+        return torch.bmm(a, b)
+    return ws_matmul(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# Fake kernels: shapes only, same checks (the default would run the body)
+# ---------------------------------------------------------------------------------------
+
+
+@ws_mm.register_fake
+def _ws_mm_fake(a, b):
+    _check_operands("ws_mm", a, b, rank=2)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@ws_addmm.register_fake
+def _ws_addmm_fake(bias, a, b, *, beta=1.0, alpha=1.0):
+    _check_operands("ws_addmm", a, b, rank=2)
+    _check_bias(bias, a, b)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@ws_bmm.register_fake
+def _ws_bmm_fake(a, b):
+    _check_operands("ws_bmm", a, b, rank=3)
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+
+
+# ---------------------------------------------------------------------------------------
+# Autograd: the gradients are GEMMs too, and go through the same kernel
+# ---------------------------------------------------------------------------------------
+
+
+def _save_operands(ctx, inputs, output):
+    a, b = inputs[-2:]
+    ctx.save_for_backward(a, b)
+
+
+def _mm_grads(ctx, grad, matmul):
+    a, b = ctx.saved_tensors
+    needs_a, needs_b = ctx.needs_input_grad[-2:]
+    grad_a = matmul(grad, b.mT) if needs_a else None
+    grad_b = matmul(a.mT, grad) if needs_b else None
+    return grad_a, grad_b
+
+
+def _ws_mm_backward(ctx, grad):
+    return _mm_grads(ctx, grad, torch.ops.tritonblas.ws_mm)
+
+
+def _ws_bmm_backward(ctx, grad):
+    return _mm_grads(ctx, grad, torch.ops.tritonblas.ws_bmm)
+
+
+def _ws_addmm_setup(ctx, inputs, keyword_only_inputs, output):
+    _save_operands(ctx, inputs, output)
+    ctx.bias_shape = inputs[0].shape
+    ctx.beta = keyword_only_inputs["beta"]
+    ctx.alpha = keyword_only_inputs["alpha"]
+
+
+def _ws_addmm_backward(ctx, grad):
+    grad_a, grad_b = _mm_grads(ctx, grad, torch.ops.tritonblas.ws_mm)
+    if grad_a is not None and ctx.alpha != 1:
+        grad_a = grad_a * ctx.alpha
+    if grad_b is not None and ctx.alpha != 1:
+        grad_b = grad_b * ctx.alpha
+    grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_bias = _sum_to(grad * ctx.beta if ctx.beta != 1 else grad, ctx.bias_shape)
+    return grad_bias, grad_a, grad_b
+
+
+def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """Reduce a broadcast gradient back to the bias's shape."""
+    lead = grad.dim() - len(shape)
+    dims = list(range(lead)) + [lead + i for i, size in enumerate(shape) if size == 1]
+    return grad.sum(dims, keepdim=True).reshape(shape) if dims else grad
+
+
+ws_mm.register_autograd(_ws_mm_backward, setup_context=_save_operands)
+ws_bmm.register_autograd(_ws_bmm_backward, setup_context=_save_operands)
+ws_addmm.register_autograd(_ws_addmm_backward, setup_context=_ws_addmm_setup)

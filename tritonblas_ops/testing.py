@@ -1,0 +1,46 @@
+"""The float64 reference, tolerances and comparison helper shared by tests and benchmarks."""
+
+import torch
+
+
+def matmul_ref(a, b, bias=None, *, alpha=1.0, beta=1.0):
+    """alpha * a @ b + beta * bias in float64 (on the inputs' device)."""
+    out = alpha * torch.matmul(a.double(), b.double())
+    if bias is not None and beta != 0:
+        out = out + beta * bias.double()
+    return out
+
+
+# Largest relative-norm error ||out - ref|| / ||ref|| accepted against the float64 reference
+# of the same (already rounded) inputs. Output rounding alone costs about 2**-mantissa_bits:
+# 2.4e-4 for fp16, 2e-3 for bf16; TF32 rounds the inputs to 10 mantissa bits (~3e-4).
+REL_TOLERANCE = {
+    torch.float16: 2e-3,
+    torch.bfloat16: 1e-2,
+    torch.float32: 1e-5,  # IEEE fp32 (the CPU interpreter, or TF32 off)
+    "tf32": 2e-3,
+}
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    diff = out.double() - ref
+    return (diff.norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> None:
+    """Fails on any NaN/Inf (outputs are poisoned with NaN before tests) or on a relative-norm
+    error above `tolerance`, saying where the worst element is."""
+    assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    finite = torch.isfinite(out)
+    if not finite.all():
+        where = (~finite).nonzero()[:5].tolist()
+        raise AssertionError(f"{(~finite).sum().item()} non-finite outputs, first at {where}")
+    err = rel_error(out, ref)
+    if not err <= tolerance:
+        worst = (out.double() - ref.double()).abs().argmax()
+        index = list(torch.unravel_index(worst, out.shape))
+        raise AssertionError(
+            f"relative error {err:.3e} > {tolerance:.1e}; worst at {[int(i) for i in index]}: "
+            f"{out.flatten()[worst].item()} vs {ref.flatten()[worst].item()}"
+        )
