@@ -3,6 +3,9 @@
 import dataclasses
 
 import torch
+import triton
+
+from tritonblas_ops import device as devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,17 +21,30 @@ class TileConfig:
 # The interpreter runs each tl op in numpy: bigger tiles mean fewer, cheaper Python steps.
 INTERPRETER_CONFIG = TileConfig(32, 32, 32, group_m=4, num_warps=4, num_stages=1)
 
+# 16-bit tiles, largest first, as measured on the H200 (benchmarks/NOTES.md, step 2):
+# 128x256 is fastest wherever it yields a full wave of tiles (8192^3: 670-716 TFLOP/s
+# against 636-640 for 128x128); below a wave, smaller tiles keep more SMs busy
+# (1024x1024x16384: 393 with 64x128 against 215 with 128x256; 128x8192x8192: 277 vs 189).
+HALF_CONFIGS = (
+    TileConfig(128, 256, 64, num_warps=8, num_stages=3),
+    TileConfig(128, 128, 64, num_warps=4, num_stages=4),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4),
+)
+FP32_CONFIGS = (
+    TileConfig(128, 128, 32, num_warps=8, num_stages=3),
+    TileConfig(64, 128, 32, num_warps=4, num_stages=4),
+)
 
-def select_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
-    """A tile shape for an (m, k) @ (k, n) GEMM.
 
-    Large 16-bit GEMMs use the 128x256x64 tiles that matched cuBLAS on the H200
-    (DESIGN.md 5); skinny M takes 64-row tiles so fewer rows are wasted on padding.
-    """
+def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
+                  device: torch.device) -> TileConfig:
+    """The largest tile that still gives every SM/CU a tile, else the smallest tile."""
     if device.type == "cpu":
         return INTERPRETER_CONFIG
-    if dtype == torch.float32:
-        return TileConfig(128, 128, 32, num_warps=8, num_stages=3)
-    if m <= 64:
-        return TileConfig(64, 128, 64, num_warps=4, num_stages=4)
-    return TileConfig(128, 256, 64, num_warps=8, num_stages=3)
+    candidates = FP32_CONFIGS if dtype == torch.float32 else HALF_CONFIGS
+    units = devices.num_compute_units(device)
+    for config in candidates:
+        tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * batches
+        if tiles >= units:
+            return config
+    return candidates[-1]

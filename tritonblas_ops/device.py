@@ -26,6 +26,11 @@ def _properties(index: int):
     return torch.cuda.get_device_properties(torch.device("cuda", index))
 
 
+def has_tma(device: torch.device) -> bool:
+    """Hopper and newer NVIDIA GPUs copy tiles with tensor descriptors (TMA)."""
+    return device.type == "cuda" and not is_hip() and _properties(_index(device)).major >= 9
+
+
 def num_compute_units(device: torch.device) -> int:
     """SMs (NVIDIA) or CUs (AMD): the persistent grid's size."""
     if device.type == "cpu":

@@ -19,6 +19,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
 
 from tritonblas_ops import device as devices
@@ -95,38 +96,77 @@ def _matmul_tile(
     alpha, beta,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
+    USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
 ):
-    """One output tile, K looped in a fixed order, every edge masked exactly: rows and
-    columns past M, N are never read into the result nor written (no index wrapping)."""
-    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
+    """One output tile, K looped in a fixed order. Edges are exact: rows and columns past
+    M, N, K are read as zeros and never written (no index wrapping).
+
+    USE_TMA: operands move through tensor descriptors (Hopper's copy engine), which clip
+    the edges in hardware; otherwise through masked pointer loads, for any strides.
+    """
+    m0 = tile_m * BLOCK_M
+    n0 = tile_n * BLOCK_N
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
     if INT64_INDEX:  # some element offset reaches 2**31: do the address math in int64
         batch = batch.to(tl.int64)
         offs_m = offs_m.to(tl.int64)
         offs_n = offs_n.to(tl.int64)
-        offs_k = offs_k.to(tl.int64)
     in_m = offs_m < M
     in_n = offs_n < N
-    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    a_ptr += batch * stride_ab
+    b_ptr += batch * stride_bb
+    c_ptr += batch * stride_cb
+
+    if USE_TMA:
+        # One descriptor per tile: its base carries the batch offset. Column-major
+        # operands are described as their transposes and transposed back in registers.
+        if A_ROW_MAJOR:
+            a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
+        else:
+            a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [stride_ak, 1], [BLOCK_K, BLOCK_M])
+        if B_ROW_MAJOR:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K])
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        if INT64_INDEX:
+            offs_k = offs_k.to(tl.int64)
+        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=in_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & in_n[None, :], other=0.0)
+        k0 = k * BLOCK_K
+        if USE_TMA:
+            if A_ROW_MAJOR:
+                a = a_desc.load([m0, k0])
+            else:
+                a = a_desc.load([k0, m0]).T
+            if B_ROW_MAJOR:
+                b = b_desc.load([k0, n0])
+            else:
+                b = b_desc.load([n0, k0]).T
+        else:
+            a = tl.load(a_ptrs, mask=in_m[:, None] & (offs_k[None, :] < K - k0), other=0.0)
+            b = tl.load(b_ptrs, mask=(offs_k[:, None] < K - k0) & in_n[None, :], other=0.0)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
 
     acc = acc * alpha
     if bias_ptr is not None:
         bias_ptrs = bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n
         bias = tl.load(bias_ptrs, mask=in_m[:, None] & in_n[None, :], other=0.0)
         acc += beta * bias.to(tl.float32)
-    c_ptrs = c_ptr + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+    c = acc.to(c_ptr.dtype.element_ty)
+    if USE_TMA:
+        c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, BLOCK_N])
+        c_desc.store([m0, n0], c)
+    else:
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, c, mask=in_m[:, None] & in_n[None, :])
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,6 +193,7 @@ def ws_matmul_kernel(
     NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr,
     WORK_STEALING: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
+    USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -175,6 +216,7 @@ def ws_matmul_kernel(
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
             stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
             alpha, beta, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX,
+            USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
         )
         if tile_counts_ptr is not None:
             tl.atomic_add(tile_counts_ptr + tile, 1, sem="relaxed")
@@ -244,6 +286,27 @@ def _max_offset(t: torch.Tensor) -> int:
     return sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
 
 
+def _tma_compatible(t: torch.Tensor) -> bool:
+    """A (B, R, C) operand a tensor descriptor can move: one unit stride, the other stride,
+    the batch stride (when there are batches) and the base all 16-byte aligned."""
+    rows, cols = t.stride(1), t.stride(2)
+    other = rows if cols == 1 else cols if rows == 1 else None
+    if other is None:
+        return False
+    # While tracing there is no data pointer: the allocator aligns storages to far more
+    # than 16 bytes, so the view's offset into its storage decides.
+    base = t.storage_offset() * t.element_size() if is_fake(t) else t.data_ptr()
+    aligned = [base, other * t.element_size()]
+    if t.shape[0] > 1:
+        aligned.append(t.stride(0) * t.element_size())
+    return all(x % 16 == 0 for x in aligned)
+
+
+def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global memory where programs write the tensor descriptors they create."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def launch(
     a: torch.Tensor,  # (B, M, K)
     b: torch.Tensor,  # (B, K, N)
@@ -257,9 +320,13 @@ def launch(
     num_shards: int,
     num_programs: int,
     schedule: Schedule = Schedule.WORK_STEALING,
+    use_tma: bool | None = None,
     tile_counts: torch.Tensor | None = None,
 ) -> None:
-    """Launch the kernel on already checked, non-empty 3-D operands."""
+    """Launch the kernel on already checked, non-empty 3-D operands.
+
+    use_tma: None picks tensor descriptors wherever the device and the layouts allow them.
+    """
     batches, m, k = a.shape
     n = b.shape[2]
     if num_shards < 1 or num_programs < 1:
@@ -273,7 +340,19 @@ def launch(
         bias = bias.expand(m, n)
     operands = [t for t in (a, b, c, bias) if t is not None]
     fp32 = a.dtype == torch.float32
-    kernel = _interpreted_kernel() if a.device.type == "cpu" else wrap_triton(ws_matmul_kernel)
+    tma_ok = all(_tma_compatible(t) for t in (a, b, c))
+    if use_tma is None:
+        use_tma = devices.has_tma(a.device) and tma_ok
+    elif use_tma and not tma_ok:
+        raise ValueError("use_tma=True needs 16-byte aligned operands with a unit stride")
+    if use_tma and a.device.type == "cuda":
+        triton.set_allocator(_descriptor_scratch)
+    if a.device.type == "cpu":
+        kernel = _interpreted_kernel()
+    elif is_fake(a):
+        kernel = wrap_triton(ws_matmul_kernel)  # traced: the kernel itself enters the graph
+    else:
+        kernel = ws_matmul_kernel  # eager: a direct launch (the traceable wrapper costs ~0.3 ms)
     kernel[(num_programs,)](
         a, b, c, bias, counters, tile_counts,
         m, n, k, batches,
@@ -286,6 +365,9 @@ def launch(
         WORK_STEALING=schedule is Schedule.WORK_STEALING,
         INPUT_PRECISION="tf32" if fp32 and tf32_enabled() else "ieee",
         INT64_INDEX=max(_max_offset(t) for t in operands) >= 2**31 - 1,
+        USE_TMA=use_tma,
+        A_ROW_MAJOR=use_tma and a.stride(2) == 1,
+        B_ROW_MAJOR=use_tma and b.stride(2) == 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -301,11 +383,12 @@ def ws_matmul(
     num_shards: int | None = None,
     num_programs: int | None = None,
     schedule: Schedule = Schedule.WORK_STEALING,
+    use_tma: bool | None = None,
 ) -> torch.Tensor:
     """alpha * a @ b + beta * bias for 2-D (M, K) @ (K, N) or 3-D (B, M, K) @ (B, K, N).
 
     The plain Python entry point under the torch ops, with the knobs they keep at defaults:
-    tile config, shard count, grid size and schedule. Inputs must already be valid (the ops
+    tile config, shard count, grid size, schedule and load path. Inputs must already be valid (the ops
     check them); a layout with no unit stride is copied first.
     """
     if a.device.type == "cpu" and a.dtype == torch.bfloat16:
@@ -314,7 +397,7 @@ def ws_matmul(
         bias32 = bias.float() if bias is not None else None
         return ws_matmul(a.float(), b.float(), bias32, alpha=alpha, beta=beta, config=config,
                          num_shards=num_shards, num_programs=num_programs,
-                         schedule=schedule).to(torch.bfloat16)
+                         schedule=schedule, use_tma=use_tma).to(torch.bfloat16)
     batched = a.dim() == 3
     a3, b3 = (a, b) if batched else (a.unsqueeze(0), b.unsqueeze(0))
     a3, b3 = _unit_stride(a3), _unit_stride(b3)
@@ -325,7 +408,7 @@ def ws_matmul(
         return c
     if bias is not None and beta == 0:
         bias = None  # torch.addmm ignores bias when beta == 0, NaN and Inf included
-    config = config or select_config(m, n, k, a.dtype, a.device)
+    config = config or select_config(m, n, k, batches, a.dtype, a.device)
     if num_shards is None:
         num_shards = devices.default_num_shards(a.device)
     if num_programs is None:
@@ -333,7 +416,8 @@ def ws_matmul(
         num_programs = min(devices.num_compute_units(a.device), tiles)
     counters = torch.zeros(num_shards * devices.COUNTER_STRIDE, dtype=torch.int32, device=a.device)
     launch(a3, b3, c if batched else c.unsqueeze(0), bias, alpha, beta, counters,
-           config=config, num_shards=num_shards, num_programs=num_programs, schedule=schedule)
+           config=config, num_shards=num_shards, num_programs=num_programs, schedule=schedule,
+           use_tma=use_tma)
     return c
 
 

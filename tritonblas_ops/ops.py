@@ -7,8 +7,7 @@ demos, not speed); while CPU inputs are being traced, the body returns the aten 
 
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
+from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op
 
 from tritonblas_ops.kernel import ws_matmul
@@ -70,10 +69,6 @@ def _check_bias(bias: Tensor, a: Tensor, b: Tensor) -> None:
     )
 
 
-def _is_traced(t: Tensor) -> bool:
-    return isinstance(t, (FakeTensor, FunctionalTensor))
-
-
 # ---------------------------------------------------------------------------------------
 # The ops
 # ---------------------------------------------------------------------------------------
@@ -83,7 +78,7 @@ def _is_traced(t: Tensor) -> bool:
 def ws_mm(a: Tensor, b: Tensor) -> Tensor:
     """(M, K) @ (K, N) with the work-stealing kernel."""
     _check_operands("ws_mm", a, b, rank=2)
-    if a.device.type == "cpu" and _is_traced(a):
+    if a.device.type == "cpu" and is_fake(a):
         return torch.mm(a, b)
     return ws_matmul(a, b)
 
@@ -93,7 +88,7 @@ def ws_addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: fl
     """beta * bias + alpha * (a @ b), as torch.addmm; bias is added in the kernel's epilogue."""
     _check_operands("ws_addmm", a, b, rank=2)
     _check_bias(bias, a, b)
-    if a.device.type == "cpu" and _is_traced(a):
+    if a.device.type == "cpu" and is_fake(a):
         return torch.addmm(bias, a, b, beta=beta, alpha=alpha)
     return ws_matmul(a, b, bias, alpha=alpha, beta=beta)
 
@@ -102,7 +97,7 @@ def ws_addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: fl
 def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
     """(B, M, K) @ (B, K, N): every batch's tiles join one work-stealing queue."""
     _check_operands("ws_bmm", a, b, rank=3)
-    if a.device.type == "cpu" and _is_traced(a):
+    if a.device.type == "cpu" and is_fake(a):
         return torch.bmm(a, b)
     return ws_matmul(a, b)
 

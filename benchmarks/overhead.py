@@ -1,0 +1,46 @@
+"""Host cost of one eager call: torch.ops.tritonblas.ws_mm against torch.mm on a tiny GEMM,
+where the GPU work is a few microseconds and the host path is what a user waits for."""
+
+import time
+
+import torch
+
+import tritonblas_ops  # noqa: F401  registers torch.ops.tritonblas
+from benchmarks import measure
+from benchmarks.providers import TORCH_MM, WORK_STEALING
+from tritonblas_ops.kernel import ws_matmul
+
+SIZE = 64
+WARMUP_CALLS = 20
+
+
+def providers() -> dict:
+    """name -> f(a, b). `ws` is the Python entry point under the op, to split the op's
+    dispatch cost from the launcher's."""
+    return {
+        TORCH_MM: torch.mm,
+        "ws_op": torch.ops.tritonblas.ws_mm,
+        WORK_STEALING: ws_matmul,
+    }
+
+
+def us_per_call(fn, a, b, *, calls_per_trial: int, trials: int) -> tuple[float, float, float]:
+    """(p20, p50, p80) over trials of wall microseconds per call: `calls_per_trial` calls with
+    no sync between them, one sync at the end. If the GPU were slower than the host this
+    would measure the GPU; at 64^3 the host is the slower side."""
+    for _ in range(WARMUP_CALLS):
+        fn(a, b)
+    _sync(a.device)
+    samples = []
+    for _ in range(trials):
+        start = time.perf_counter()
+        for _ in range(calls_per_trial):
+            fn(a, b)
+        _sync(a.device)
+        samples.append((time.perf_counter() - start) / calls_per_trial * 1e6)
+    return measure.quantiles(samples)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,98 @@
+"""Plots from the committed results CSVs, a separate step from measuring.
+
+    python -m benchmarks.plot benchmarks/results/h200_bf16.csv [more.csv ...]
+
+For each CSV, the latest run of each mode (or the run given by --timestamp) becomes
+<csv stem>_gemm.png (TFLOP/s and ratio to torch.mm per shape) and
+<csv stem>_contention.png (TFLOP/s against SMs held), next to the CSV or in --out-dir.
+"""
+
+import argparse
+import csv
+import pathlib
+
+# Figure objects, not pyplot: no global backend or figure state, and PNGs need no display.
+from matplotlib.figure import Figure
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plot", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("csv", nargs="+", type=pathlib.Path)
+    parser.add_argument("--timestamp", help="plot this run instead of the latest one")
+    parser.add_argument("--out-dir", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    for path in args.csv:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        out_dir = args.out_dir or path.parent
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for mode, draw in (("gemm", _gemm_figure), ("contention", _contention_figure)):
+            run = _run(rows, mode, args.timestamp)
+            if run:
+                out = out_dir / f"{path.stem}_{mode}.png"
+                draw(run).savefig(out, dpi=120, bbox_inches="tight")
+                print(f"wrote {out}")
+
+
+def _run(rows, mode, timestamp):
+    rows = [r for r in rows if r["mode"] == mode]
+    if not rows:
+        return []
+    chosen = timestamp or max(r["timestamp"] for r in rows)
+    return [r for r in rows if r["timestamp"] == chosen]
+
+
+def _title(run, what):
+    r = run[0]
+    return f"{what}: {r['gpu']}, {r['dtype']}\ntorch {r['torch']}, triton {r['triton']}, {r['timestamp']}"
+
+
+def _providers(run):
+    return list(dict.fromkeys(r["provider"] for r in run))
+
+
+def _gemm_figure(run):
+    shapes = list(dict.fromkeys(r["shape"] for r in run))
+    providers = _providers(run)
+    cell = {(r["shape"], r["provider"]): r for r in run}
+    fig = Figure(figsize=(max(10, 0.5 * len(shapes)), 9), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    width = 0.8 / len(providers)
+    for i, provider in enumerate(providers):
+        xs = [j + (i - (len(providers) - 1) / 2) * width for j in range(len(shapes))]
+        top.bar(xs, [float(cell[s, provider]["tflops"]) for s in shapes], width, label=provider)
+        if provider != "torch_mm":
+            bottom.bar(xs, [float(cell[s, provider]["vs_torch_mm"]) for s in shapes], width, label=provider,
+                       color=f"C{i}")
+    # TFLOP/s spans three decades (decode shapes to 16384^3): log scale keeps all readable.
+    top.set_yscale("log")
+    top.set_ylabel("TFLOP/s (median)")
+    top.legend(ncol=len(providers))
+    top.set_title(_title(run, "GEMM"))
+    bottom.axhline(1.0, color="black", linewidth=0.8)
+    bottom.set_ylabel("ratio to torch.mm")
+    bottom.set_xticks(range(len(shapes)), shapes, rotation=60, ha="right")
+    return fig
+
+
+def _contention_figure(run):
+    shapes = list(dict.fromkeys(r["shape"] for r in run))
+    providers = _providers(run)
+    fig = Figure(figsize=(6 * len(shapes), 4.5), layout="constrained")
+    axes = fig.subplots(1, len(shapes), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        for provider in providers:
+            points = [(int(r["held_sms"]), float(r["tflops"])) for r in run
+                      if r["shape"] == shape and r["provider"] == provider]
+            ax.plot(*zip(*points), marker="o", label=provider)
+        ax.set_xlabel("SMs held by another stream")
+        ax.set_ylabel("TFLOP/s (median)")
+        ax.set_title(shape)
+        ax.legend()
+    fig.suptitle(_title(run, "Under contention"))
+    return fig
+
+
+if __name__ == "__main__":
+    main()

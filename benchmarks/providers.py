@@ -1,0 +1,59 @@
+"""What the benchmark compares: each provider turns (a, b) into a call computing a @ b."""
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+import tritonblas_ops
+from tritonblas_ops import device as devices
+from tritonblas_ops.kernel import Schedule, ws_matmul
+
+TORCH_MM = "torch_mm"  # cuBLAS(Lt) on NVIDIA: the bar to meet
+STATIC = "static"  # the same kernel and tile body, tiles assigned statically
+WORK_STEALING = "ws"
+INDUCTOR = "inductor"
+
+
+@dataclasses.dataclass(frozen=True)
+class Provider:
+    name: str
+    prepare: Callable[[torch.Tensor, torch.Tensor], Callable[[], torch.Tensor]]
+    num_shards: int | None = None  # work-stealing counter shards, where there are any
+
+
+def providers(device: torch.device, *, shards: list[int] | None, inductor: bool) -> list[Provider]:
+    """torch.mm, the static schedule, work stealing (one row per shard count when `shards`
+    is given, else the library's default count), and optionally Inductor."""
+    chosen = [
+        Provider(TORCH_MM, lambda a, b: lambda: torch.mm(a, b)),
+        Provider(STATIC, lambda a, b: lambda: ws_matmul(a, b, schedule=Schedule.STATIC)),
+    ]
+    if shards:
+        chosen += [_work_stealing(f"{WORK_STEALING}_s{s}", s) for s in shards]
+    else:
+        chosen.append(_work_stealing(WORK_STEALING, devices.default_num_shards(device)))
+    if inductor:
+        chosen.append(Provider(INDUCTOR, _compile_inductor))
+    return chosen
+
+
+def _work_stealing(name: str, num_shards: int) -> Provider:
+    return Provider(name, lambda a, b: lambda: ws_matmul(a, b, num_shards=num_shards), num_shards)
+
+
+def _compile_inductor(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """Inductor max-autotune (Triton templates and aten) on this one static shape.
+
+    Dynamo is reset and the function is new, so each shape compiles and autotunes on its
+    own, never falling into a recompile limit or a dynamic-shape graph. Our compile routing
+    would send the mm to our kernel: it is switched off for the compile and every call.
+    """
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, y: torch.mm(x, y), mode="max-autotune-no-cudagraphs", dynamic=False)
+
+    def call():
+        with tritonblas_ops.routing(False):
+            return compiled(a, b)
+
+    return call

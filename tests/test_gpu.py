@@ -1,0 +1,189 @@
+"""The kernel and ops on a real GPU: real sizes, bf16, both load paths, the scheduling
+guarantee with truly concurrent programs, and counters across launches, streams and graphs.
+Skipped on machines without a GPU; run on the H200 (benchmarks/RESULTS.md)."""
+
+import itertools
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import tritonblas_ops  # noqa: F401
+from tritonblas_ops import device as devices
+from tritonblas_ops.config import select_config
+from tritonblas_ops.kernel import Schedule, launch, num_tiles, ws_matmul
+from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_empty")]
+
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "tf32": torch.float32,
+    "fp32": torch.float32,
+}
+
+
+@pytest.fixture
+def precision(request):
+    """Sets torch's fp32 matmul precision for fp32 cases, restoring it afterwards."""
+    name = request.param
+    previous = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32" if name == "tf32" else "ieee"
+    yield name
+    torch.backends.cuda.matmul.fp32_precision = previous
+
+
+def operand(rows, cols, dtype, transposed):
+    if transposed:
+        return torch.randn(cols, rows, dtype=dtype, device="cuda").t()
+    return torch.randn(rows, cols, dtype=dtype, device="cuda")
+
+
+def tolerance(name):
+    return REL_TOLERANCE["tf32" if name == "tf32" else DTYPES[name]]
+
+
+@pytest.mark.parametrize("precision", list(DTYPES), indirect=True)
+@pytest.mark.parametrize("a_t,b_t", list(itertools.product([False, True], repeat=2)))
+@pytest.mark.parametrize("m,n,k", [(257, 129, 300), (3000, 5000, 2000), (4096, 4096, 4096)])
+def test_layouts_and_dtypes(m, n, k, a_t, b_t, precision):
+    dtype = DTYPES[precision]
+    a, b = operand(m, k, dtype, a_t), operand(k, n, dtype, b_t)
+    assert_matches(ws_matmul(a, b), matmul_ref(a, b), tolerance(precision))
+
+
+@pytest.mark.parametrize("use_tma", [False, True])
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(1, 1, 1), (15, 17, 33), (40, 50, 7), (128, 8192, 8192), (4864, 8192, 4160),
+     (8192, 8192, 8192), (1000, 1000, 1000), (4095, 4097, 4093)],
+)
+def test_real_sizes_bf16(m, n, k, use_tma):
+    a, b = operand(m, k, torch.bfloat16, False), operand(k, n, torch.bfloat16, False)
+    if use_tma and not (k % 8 == 0 and n % 8 == 0):
+        pytest.skip("tensor descriptors need 16-byte aligned rows")
+    assert_matches(ws_matmul(a, b, use_tma=use_tma), matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ops_bf16_fp16(dtype):
+    a, b = operand(1000, 700, dtype, False), operand(700, 1300, dtype, True)
+    bias = torch.randn(1300, dtype=dtype, device="cuda")
+    tol = REL_TOLERANCE[dtype]
+    assert_matches(torch.ops.tritonblas.ws_mm(a, b), matmul_ref(a, b), tol)
+    out = torch.ops.tritonblas.ws_addmm(bias, a, b, beta=0.5, alpha=2.0)
+    assert_matches(out, matmul_ref(a, b, bias, alpha=2.0, beta=0.5), tol)
+    a3 = torch.randn(6, 300, 200, dtype=dtype, device="cuda")
+    b3 = torch.randn(6, 200, 500, dtype=dtype, device="cuda")
+    assert_matches(torch.ops.tritonblas.ws_bmm(a3, b3), matmul_ref(a3, b3), tol)
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+@pytest.mark.parametrize("num_programs", [1, 3, 132, 264])
+@pytest.mark.parametrize("num_shards", [1, 2, 6, 8])
+def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule):
+    m, n, k, batches = 2000, 3000, 512, 2
+    a = torch.randn(batches, m, k, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(batches, k, n, dtype=torch.bfloat16, device="cuda")
+    config = select_config(m, n, k, batches, a.dtype, a.device)
+    tiles = num_tiles(m, n, batches, config)
+    tile_counts = torch.zeros(tiles, dtype=torch.int32, device="cuda")
+    counters = torch.zeros(num_shards * devices.COUNTER_STRIDE, dtype=torch.int32, device="cuda")
+    out = torch.full((batches, m, n), float("nan"), dtype=a.dtype, device="cuda")
+    launch(a, b, out, None, 1.0, 1.0, counters, config=config, num_shards=num_shards,
+           num_programs=num_programs, schedule=schedule, tile_counts=tile_counts)
+    assert (tile_counts == 1).all(), f"tile counts {tile_counts.unique(return_counts=True)}"
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+    if schedule is Schedule.WORK_STEALING:
+        shard_sizes = [(s + 1) * tiles // num_shards - s * tiles // num_shards
+                       for s in range(num_shards)]
+        used = counters.view(num_shards, devices.COUNTER_STRIDE)
+        assert used[:, 0].tolist() == [size + num_programs for size in shard_sizes]
+        assert (used[:, 1:] == 0).all()
+
+
+def test_bitwise_identical_across_runs_and_schedules():
+    a = torch.randn(3000, 4000, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(4000, 5000, dtype=torch.bfloat16, device="cuda")
+    first = ws_matmul(a, b)
+    for _ in range(20):
+        assert torch.equal(ws_matmul(a, b), first)
+    for shards, programs, schedule in [(8, 132, Schedule.WORK_STEALING), (3, 50, Schedule.WORK_STEALING),
+                                       (1, 7, Schedule.WORK_STEALING), (1, 132, Schedule.STATIC)]:
+        again = ws_matmul(a, b, num_shards=shards, num_programs=programs, schedule=schedule)
+        assert torch.equal(again, first), (shards, programs, schedule)
+
+
+def test_back_to_back_launches_without_sync():
+    pairs = [(torch.randn(512 + 64 * i, 768, device="cuda", dtype=torch.float16),
+              torch.randn(768, 1024, device="cuda", dtype=torch.float16)) for i in range(8)]
+    outs = [torch.ops.tritonblas.ws_mm(a, b) for _ in range(5) for a, b in pairs]
+    for i, out in enumerate(outs):
+        a, b = pairs[i % len(pairs)]
+        assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.float16])
+
+
+def test_two_streams_at_once():
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    inputs = [(torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16),
+               torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)) for _ in streams]
+    torch.cuda.synchronize()
+    outs = [[], []]
+    for _ in range(4):
+        for i, stream in enumerate(streams):
+            with torch.cuda.stream(stream):
+                outs[i].append(torch.ops.tritonblas.ws_mm(*inputs[i]))
+    torch.cuda.synchronize()
+    for i, results in enumerate(outs):
+        ref = matmul_ref(*inputs[i])
+        for out in results:
+            assert_matches(out, ref, REL_TOLERANCE[torch.bfloat16])
+
+
+def test_cuda_graph_capture_and_replay_with_new_inputs():
+    a = torch.randn(1500, 1000, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1000, 2500, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(2500, device="cuda", dtype=torch.bfloat16)
+    torch.ops.tritonblas.ws_addmm(bias, a, b)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.tritonblas.ws_addmm(bias, a, b)
+    for _ in range(10):
+        a.copy_(torch.randn_like(a))
+        b.copy_(torch.randn_like(b))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(out, matmul_ref(a, b, bias), REL_TOLERANCE[torch.bfloat16])
+
+
+def test_a_failed_call_leaves_later_calls_right():
+    a = torch.randn(300, 200, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="inner dimensions differ"):
+        torch.ops.tritonblas.ws_mm(a, torch.randn(300, 100, device="cuda", dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="must be on the same device"):
+        torch.ops.tritonblas.ws_mm(a, torch.randn(200, 100, dtype=torch.float16))
+    b = torch.randn(200, 100, device="cuda", dtype=torch.float16)
+    assert_matches(torch.ops.tritonblas.ws_mm(a, b), matmul_ref(a, b), REL_TOLERANCE[torch.float16])
+
+
+def test_offsets_past_int32():
+    """A has more than 2**31 elements: its last rows sit past any int32 offset."""
+    m, k, n = (2**31 // 4096) + 1000, 4096, 64
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = ws_matmul(a, b)
+    for rows in (slice(0, 512), slice(m - 1500, m)):
+        assert_matches(out[rows], matmul_ref(a[rows], b), REL_TOLERANCE[torch.bfloat16])
+    del a
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck_on_cuda(requires_grad):
+    def t(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=requires_grad)
+
+    opcheck(torch.ops.tritonblas.ws_mm, (t(64, 48), t(32, 48).mT))
+    opcheck(torch.ops.tritonblas.ws_addmm, (t(32), t(48, 64).mT, t(32, 48).mT), {"beta": 0.5, "alpha": 2.0})
+    opcheck(torch.ops.tritonblas.ws_bmm, (t(3, 64, 48), t(3, 48, 32)))
