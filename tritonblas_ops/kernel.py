@@ -15,6 +15,7 @@ Reads top to bottom: tile-index helpers, the tile body, the persistent loop, the
 
 import enum
 import functools
+import threading
 
 import torch
 import triton
@@ -245,6 +246,9 @@ class _InterpretedKernel:
 
         self._kernel = InterpretedFunction(jit_function.fn)
         self._helpers = {}
+        # The interpreter keeps the grid position in module state, and the patch below is
+        # process-wide: one interpreted launch at a time.
+        self._lock = threading.Lock()
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
@@ -255,17 +259,26 @@ class _InterpretedKernel:
                 # Keyed by id: hashing a JITFunction would parse its source.
                 if id(jit_fn) not in self._helpers:
                     self._helpers[id(jit_fn)] = InterpretedFunction(jit_fn.fn)
-                return self._helpers[id(jit_fn)](*call_args, **call_kwargs)
+                # rewrite() rather than __call__: __call__ patches triton.language and never
+                # restores it, which breaks every later compile in the process. The launch's
+                # own patch (restored when it ends) covers tl and tl.core (see _TL_CORE).
+                return self._helpers[id(jit_fn)].rewrite()(*call_args, **call_kwargs)
 
-            compiled_call = JITFunction.__call__
-            JITFunction.__call__ = interpreted_call
-            try:
-                self._kernel[grid](*args, **kwargs)
-            finally:
-                JITFunction.__call__ = compiled_call
+            with self._lock:
+                compiled_call = JITFunction.__call__
+                JITFunction.__call__ = interpreted_call
+                try:
+                    self._kernel[grid](*args, **kwargs)
+                finally:
+                    JITFunction.__call__ = compiled_call
 
         return run
 
+
+# The interpreter patches the triton.language modules it finds among the kernel's globals
+# for the length of a launch; Triton's own helpers (tl.cdiv, ...) are written against
+# tl.core, so it must be one of them.
+_TL_CORE = tl.core
 
 _interpreted_kernel = functools.cache(lambda: _InterpretedKernel(ws_matmul_kernel))
 

@@ -1,0 +1,518 @@
+"""torch.compile routing (tritonblas_ops/routing.py): which GEMMs compiled code sends to the kernel.
+
+On the CPU, the `cpu_routing` fixture makes CPU tensors eligible: compiled code then calls the
+opaque ops, which run the kernel through Triton's interpreter (small shapes only). The inline
+path's code generation is checked against a stand-in CUDA target, without running anything.
+The `gpu` tests run both paths for real.
+"""
+
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from unittest import mock
+
+import expecttest
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._inductor.graph import GraphLowering
+from torch._inductor.utils import run_and_get_code
+from torch.testing import FileCheck
+
+import tritonblas_ops
+from tritonblas_ops import _compat
+from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, rel_error
+
+# `tritonblas_ops.routing` is the context manager; the module itself:
+R = importlib.import_module("tritonblas_ops.routing")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPAQUE_CALL = re.compile(r"torch\.ops\.tritonblas\.(ws_\w+)\.default\(")
+INLINE_CALL = re.compile(r"\b(ws_matmul_kernel)_\d+\.run\(")
+
+
+def routed_calls(code: str) -> list[str]:
+    """The routed GEMMs a generated module calls: op names (opaque) or the kernel's (inline)."""
+    return OPAQUE_CALL.findall(code) + INLINE_CALL.findall(code)
+
+
+def compile_and_run(fn, *args, **compile_kwargs):
+    """fn compiled by Inductor, run once: (output, the generated code)."""
+    out, codes = run_and_get_code(torch.compile(fn, **compile_kwargs), *args)
+    return out, "\n".join(codes)
+
+
+def backward_code(out) -> str:
+    _, codes = run_and_get_code(lambda: out.sum().backward())
+    return "\n".join(codes)
+
+
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch):
+    """Every test starts from the default routing state (CPU tensors ineligible), with the
+    compiled-code caches off (a hit would skip the lowering under test) and no compiled
+    frames left over."""
+    monkeypatch.setattr(R, "_enabled", True)
+    monkeypatch.setattr(R, "_policy", R.Policy.ALL)
+    monkeypatch.setattr(R, "_path", R.Path.OPAQUE)
+    monkeypatch.setattr(R, "_eligible_devices", {"cuda"})
+    monkeypatch.setattr(R, "_inline_devices", {"cuda"})
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        torch._dynamo.reset()
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def cpu_routing(monkeypatch):
+    monkeypatch.setattr(R, "_eligible_devices", {"cuda", "cpu"})
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", requires_grad=False):
+    return torch.randn(*shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+# ---------------------------------------------------------------------------------------
+# Every spelling of a GEMM reaches the kernel
+# ---------------------------------------------------------------------------------------
+
+# name: (function, its inputs, the op the compiled code must call)
+SPELLINGS = {
+    "operator @": (lambda a, b: a @ b, lambda: (randn(8, 12), randn(12, 16)), "ws_mm"),
+    "torch.matmul 2-D": (torch.matmul, lambda: (randn(8, 12), randn(12, 16)), "ws_mm"),
+    "torch.matmul 3-D @ 2-D": (torch.matmul, lambda: (randn(2, 4, 12), randn(12, 16)), "ws_mm"),
+    "torch.matmul 3-D": (torch.matmul, lambda: (randn(2, 8, 12), randn(2, 12, 16)), "ws_bmm"),
+    "torch.bmm": (torch.bmm, lambda: (randn(2, 8, 12), randn(2, 12, 16)), "ws_bmm"),
+    "F.linear": (F.linear, lambda: (randn(8, 12), randn(16, 12)), "ws_mm"),
+    "F.linear with bias": (F.linear, lambda: (randn(8, 12), randn(16, 12), randn(16)), "ws_addmm"),
+    "F.linear with bias, 3-D input": (
+        F.linear, lambda: (randn(2, 4, 12), randn(16, 12), randn(16)), "ws_addmm"),
+    "torch.addmm": (torch.addmm, lambda: (randn(8, 16), randn(8, 12), randn(12, 16)), "ws_addmm"),
+    "an operand with no unit stride": (
+        lambda a, b: a[:, ::2] @ b, lambda: (randn(8, 24), randn(12, 16)), "ws_mm"),
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_every_spelling_is_routed(spelling, cpu_routing):
+    fn, make_inputs, op = SPELLINGS[spelling]
+    inputs = make_inputs()
+    out, code = compile_and_run(fn, *inputs)
+    assert routed_calls(code) == [op]
+    assert_matches(out, fn(*inputs), REL_TOLERANCE[torch.float32])
+
+
+def test_addmm_keeps_beta_and_alpha(cpu_routing):
+    def fn(bias, a, b):
+        return torch.addmm(bias, a, b, beta=0.5, alpha=2.0)
+
+    inputs = randn(16), randn(8, 12), randn(12, 16)
+    out, code = compile_and_run(fn, *inputs)
+    FileCheck().check("torch.ops.tritonblas.ws_addmm.default(").check("beta=0.5, alpha=2.0").run(code)
+    assert_matches(out, fn(*inputs), REL_TOLERANCE[torch.float32])
+
+
+def test_linear_forward_and_backward_are_routed(cpu_routing):
+    """The backward compiles lazily, at the first .backward(): routing reaches it too."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(12, 16)
+    x = randn(8, 12, requires_grad=True)
+    out, forward_code = compile_and_run(linear, x)
+    backward = backward_code(out)
+    assert routed_calls(forward_code) == ["ws_addmm"]
+    assert routed_calls(backward) == ["ws_mm", "ws_mm"]  # grad of the input, of the weight
+
+    grads = [x.grad, linear.weight.grad, linear.bias.grad]
+    x.grad = linear.weight.grad = linear.bias.grad = None
+    eager = linear(x)
+    eager.sum().backward()
+    assert_matches(out, eager, REL_TOLERANCE[torch.float32])
+    for grad, eager_grad in zip(grads, [x.grad, linear.weight.grad, linear.bias.grad]):
+        assert_matches(grad, eager_grad, REL_TOLERANCE[torch.float32])
+
+
+class RoutedGraphText(expecttest.TestCase):
+    def test_linear(self):
+        """The GEMM calls of a compiled Linear's forward and backward, as generated (the
+        same text on torch 2.11 and 2.13)."""
+        with mock.patch.object(R, "_eligible_devices", {"cuda", "cpu"}):
+            linear = torch.nn.Linear(12, 16)
+            out, forward_code = compile_and_run(linear, randn(8, 12, requires_grad=True))
+            code = forward_code + "\n" + backward_code(out)
+        calls = "\n".join(line.strip() for line in code.splitlines() if "tritonblas" in line)
+        self.assertExpectedInline(calls, """\
+buf0 = torch.ops.tritonblas.ws_addmm.default(primals_2, primals_3, reinterpret_tensor(primals_1, (12, 16), (1, 12), 0), beta=1.0, alpha=1.0)
+buf0 = torch.ops.tritonblas.ws_mm.default(tangents_1, primals_1)
+buf2 = torch.ops.tritonblas.ws_mm.default(reinterpret_tensor(tangents_1, (16, 8), (1, 16), 0), primals_3)""")
+
+
+# ---------------------------------------------------------------------------------------
+# What keeps Inductor's own path
+# ---------------------------------------------------------------------------------------
+
+
+def test_routing_off_in_context_manager(cpu_routing):
+    with tritonblas_ops.routing(False):
+        assert not tritonblas_ops.is_enabled()
+        _, code = compile_and_run(torch.mm, randn(8, 12), randn(12, 16))
+    assert tritonblas_ops.is_enabled()
+    assert routed_calls(code) == []
+
+
+def test_disable_and_enable(cpu_routing):
+    tritonblas_ops.disable()
+    _, code = compile_and_run(torch.mm, randn(8, 12), randn(12, 16))
+    assert routed_calls(code) == []
+    tritonblas_ops.enable()
+    _, code = compile_and_run(torch.mm, randn(8, 12), randn(12, 16))
+    assert routed_calls(code) == ["ws_mm"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_unsupported_dtypes_keep_inductor(dtype, cpu_routing):
+    a, b = torch.ones(8, 12, dtype=dtype), torch.ones(12, 16, dtype=dtype)
+    out, code = compile_and_run(torch.mm, a, b)
+    assert routed_calls(code) == []
+    assert torch.equal(out, torch.mm(a, b))
+
+
+def test_cpu_tensors_are_not_eligible_by_default():
+    _, code = compile_and_run(torch.mm, randn(8, 12), randn(12, 16))
+    assert routed_calls(code) == []
+
+
+def test_auto_policy_thresholds():
+    """The "auto" table against the H200 rows it was read from (DESIGN.md 5)."""
+    assert R._auto_routes(1, 8192, 8192, 8192)
+    assert R._auto_routes(1, 4864, 8192, 4160)
+    assert R._auto_routes(1, 4096, 14336, 4096)
+    assert not R._auto_routes(1, 1000, 1000, 1000)  # launch-bound
+    assert not R._auto_routes(1, 128, 8192, 8192)  # skinny
+    assert not R._auto_routes(1, 3000, 5000, 2000)  # N not a multiple of 16
+
+
+def test_auto_policy_leaves_small_gemms_to_inductor(cpu_routing):
+    tritonblas_ops.set_policy("auto")
+    assert tritonblas_ops.get_policy() == "auto"
+    _, code = compile_and_run(torch.mm, randn(8, 12), randn(12, 16))
+    assert routed_calls(code) == []
+    with pytest.raises(ValueError):
+        tritonblas_ops.set_policy("fastest")
+
+
+def test_environment_is_read_at_import():
+    env = {**os.environ, "TRITONBLAS_OPS_ROUTING": "0", "TRITONBLAS_OPS_POLICY": "auto",
+           "TRITONBLAS_OPS_ROUTING_PATH": "inline", "PYTHONPATH": REPO}
+    script = ("import tritonblas_ops, importlib; r = importlib.import_module('tritonblas_ops.routing'); "
+              "print(tritonblas_ops.is_enabled(), tritonblas_ops.get_policy(), r._path.value)")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["False", "auto", "inline"]
+
+
+# ---------------------------------------------------------------------------------------
+# No graph breaks, no recompiles, dynamic shapes
+# ---------------------------------------------------------------------------------------
+
+
+def test_no_graph_breaks_or_recompiles(cpu_routing):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter)
+    x = randn(8, 12)
+    for _ in range(2):
+        assert_matches(compiled(x), model(x), REL_TOLERANCE[torch.float32])
+    assert counter.frame_count == 1
+    assert torch._dynamo.utils.counters["graph_break"] == {}
+
+
+@torch.no_grad()
+def test_dynamic_shapes_compile_once(cpu_routing):
+    """Routing decides from size hints and adds no guard: one graph serves every M."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(12, 16)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(linear, backend=counter, dynamic=True)
+    x = randn(8, 12)
+    out, codes = run_and_get_code(compiled, x)
+    assert routed_calls("\n".join(codes)) == ["ws_addmm"]
+    assert_matches(out, linear(x), REL_TOLERANCE[torch.float32])
+    for m in (10, 13):
+        x = randn(m, 12)
+        assert_matches(compiled(x), linear(x), REL_TOLERANCE[torch.float32])
+    assert counter.frame_count == 1
+
+
+# ---------------------------------------------------------------------------------------
+# Caches: never code compiled under another routing state; hits when nothing changed
+# ---------------------------------------------------------------------------------------
+
+
+def test_cache_key_encodes_the_routing_state(monkeypatch):
+    key = R.cache_key_pass()
+    assert key in _compat.post_grad_post_passes()
+    routed = key.uuid()
+    assert key.uuid() == routed
+    monkeypatch.setattr(R, "_enabled", False)
+    assert key.uuid() != routed
+    monkeypatch.setattr(R, "_enabled", True)
+    monkeypatch.setattr(R, "_policy", R.Policy.AUTO)
+    assert key.uuid() != routed
+    monkeypatch.setattr(R, "_policy", R.Policy.ALL)
+    monkeypatch.setattr(R, "_path", R.Path.INLINE)
+    assert key.uuid() != routed
+
+
+class UserPass(torch._inductor.custom_graph_pass.CustomGraphPass):
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, graph):
+        self.calls += 1
+
+    def uuid(self):
+        return "user-pass"
+
+
+def test_user_pass_is_chained_not_clobbered(cpu_routing):
+    user_pass = UserPass()
+    with torch._inductor.config.patch(post_grad_custom_post_pass=user_pass):
+        _compat.append_post_grad_post_pass(R.cache_key_pass())
+        assert _compat.post_grad_post_passes() == (user_pass, R.cache_key_pass())
+        _, code = compile_and_run(torch.mm, randn(8, 12), randn(12, 16))
+    assert user_pass.calls == 1
+    assert routed_calls(code) == ["ws_mm"]
+
+
+def test_a_replaced_key_pass_stops_routing_loudly(cpu_routing):
+    R._warn_cache_key_missing.cache_clear()
+    with torch._inductor.config.patch(post_grad_custom_post_pass=UserPass()):
+        with pytest.warns(UserWarning, match="cache-key pass"):
+            _, code = compile_and_run(torch.mm, randn(8, 12), randn(12, 16))
+    assert routed_calls(code) == []
+
+
+CACHE_RUN = textwrap.dedent("""
+    import importlib, json, sys
+    import torch
+    import tritonblas_ops
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+    importlib.import_module("tritonblas_ops.routing")._eligible_devices.add("cpu")
+    if sys.argv[1] == "off":
+        tritonblas_ops.disable()
+    _, codes = run_and_get_code(torch.compile(torch.mm), torch.randn(8, 12), torch.randn(12, 16))
+    print(json.dumps({
+        "routed": "tritonblas.ws_mm" in "".join(codes),
+        "fx_hits": counters["inductor"]["fxgraph_cache_hit"],
+        "aot_hits": counters["aot_autograd"]["autograd_cache_hit"],
+    }))
+""")
+
+
+def test_caches_across_processes(tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
+    def run(state):
+        out = subprocess.run([sys.executable, "-c", CACHE_RUN, state], env=env,
+                             capture_output=True, text=True, check=True)
+        result = json.loads(out.stdout.splitlines()[-1])
+        return result["routed"], result["fx_hits"] + result["aot_hits"] > 0
+
+    assert run("on") == (True, False)
+    assert run("off") == (False, False)  # not the routed code the warm cache holds
+    assert run("on") == (True, True)  # the same state hits
+
+
+# ---------------------------------------------------------------------------------------
+# The "tritonblas" backend
+# ---------------------------------------------------------------------------------------
+
+
+def test_backend_routes_even_when_disabled(cpu_routing):
+    """Forced on for its compile, the lazily compiled backward included."""
+    tritonblas_ops.disable()
+    linear = torch.nn.Linear(12, 16)
+    out, forward_code = compile_and_run(linear, randn(8, 12, requires_grad=True),
+                                        backend=R.tritonblas_backend)
+    assert routed_calls(forward_code) == ["ws_addmm"]
+    assert routed_calls(backward_code(out)) == ["ws_mm", "ws_mm"]
+    assert not tritonblas_ops.is_enabled()
+
+
+def _entry_point_installed() -> bool:
+    return "tritonblas" in importlib.metadata.entry_points(group="torch_dynamo_backends").names
+
+
+@pytest.mark.skipif(not _entry_point_installed(),
+                    reason="package metadata without the entry point (pip install -e .)")
+def test_backend_entry_point():
+    assert "tritonblas" in torch._dynamo.list_backends()
+    assert torch._dynamo.lookup_backend("tritonblas") is R.tritonblas_backend
+
+
+# ---------------------------------------------------------------------------------------
+# The inline path's generated code, against a stand-in CUDA target (nothing runs)
+# ---------------------------------------------------------------------------------------
+
+
+class _CodeGenerated(Exception):
+    pass
+
+
+def generated_code_only(fn, *args, **compile_kwargs) -> str:
+    """Inductor's generated module for fn(*args), for a stand-in CUDA target (Hopper),
+    never compiled nor run: the inline kernel's launch needs a real device."""
+
+    class FakeCudaDriver:
+        def get_current_target(self):
+            from triton.backends.compiler import GPUTarget
+
+            return GPUTarget("cuda", 90, 32)
+
+    codes = []
+
+    def codegen_only(graph):
+        codes.append(graph.codegen()[0].value)
+        raise _CodeGenerated
+
+    fake_driver = property(lambda self: FakeCudaDriver())
+    with mock.patch.object(type(triton.runtime.driver), "active", fake_driver), \
+            mock.patch.object(GraphLowering, "compile_to_module", codegen_only), \
+            pytest.raises(Exception) as raised:
+        torch.compile(fn, **compile_kwargs)(*args)
+    assert codes, f"no code was generated: {raised.value!r}"
+    return codes[0]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_inline_code_generation(dynamic, monkeypatch):
+    """The inline path's code for an addmm, a bmm and two mm, one of whose operands has no
+    unit stride. Triton compiles the kernel for it (to find what it writes) right after the
+    interpreter ran it in this process: the interpreter must leave triton.language as it was."""
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    from tritonblas_ops.kernel import ws_matmul
+
+    ws_matmul(randn(8, 8), randn(8, 8))  # an interpreted launch first
+    monkeypatch.setattr(R, "_path", R.Path.INLINE)
+    monkeypatch.setattr(R, "_eligible_devices", {"cuda", "cpu"})
+    monkeypatch.setattr(R, "_inline_devices", {"cuda", "cpu"})
+
+    def fn(x, w, bias, y, z):
+        linear = F.linear(x, w, bias).relu() @ y  # an addmm, an mm
+        return linear, torch.bmm(x.view(2, 4, 12), x.view(2, 12, 4)), z[:, ::2] @ y  # a bmm, an mm
+
+    with torch.no_grad(), mock.patch.object(triton_kernel_wrap.log, "warning") as warning:
+        code = generated_code_only(fn, randn(8, 12), randn(16, 12), randn(16), randn(16, 4),
+                                   randn(8, 32), dynamic=dynamic)
+    assert routed_calls(code) == ["ws_matmul_kernel"] * 4
+    assert "def ws_matmul_kernel(" in code
+    # Triton's TTIR analysis found what the kernel writes. Had it failed, Inductor would
+    # assume every argument written (the host-descriptor failure of DESIGN.md 3).
+    assert warning.call_count == 0
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: both paths for real
+# ---------------------------------------------------------------------------------------
+
+GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def gpu_case(case: str, dtype):
+    """(function, inputs, the routed calls of its forward): ragged M, N, K on purpose."""
+    a = randn(257, 200, dtype=dtype, device="cuda")
+    if case == "mm":
+        return torch.mm, (a, randn(200, 136, dtype=dtype, device="cuda")), ["ws_mm"]
+    if case == "addmm":
+        inputs = randn(136, dtype=dtype, device="cuda"), a, randn(200, 136, dtype=dtype, device="cuda")
+        return (lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=2.0)), inputs, ["ws_addmm"]
+    batched = (randn(3, 257, 200, dtype=dtype, device="cuda"),
+               randn(3, 200, 136, dtype=dtype, device="cuda"))
+    return torch.bmm, batched, ["ws_bmm"]
+
+
+def expected_calls(calls: list[str], path: str) -> list[str]:
+    return calls if path == "opaque" else ["ws_matmul_kernel"] * len(calls)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["opaque", "inline"])
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("case", ["mm", "addmm", "bmm"])
+def test_gpu_gemms_are_routed(case, dtype, path, monkeypatch):
+    monkeypatch.setattr(R, "_path", R.Path(path))
+    fn, inputs, calls = gpu_case(case, dtype)
+    out, code = compile_and_run(fn, *inputs)
+    assert routed_calls(code) == expected_calls(calls, path)
+    ref = fn(*[t.double() for t in inputs])
+    assert_matches(out, ref, REL_TOLERANCE[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["opaque", "inline"])
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_gpu_linear_forward_and_backward(dtype, path, monkeypatch):
+    monkeypatch.setattr(R, "_path", R.Path(path))
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(200, 136, device="cuda", dtype=dtype)
+    x = randn(4, 65, 200, dtype=dtype, device="cuda", requires_grad=True)
+    out, forward_code = compile_and_run(linear, x)
+    backward = backward_code(out)
+    assert routed_calls(forward_code) == expected_calls(["ws_addmm"], path)
+    assert routed_calls(backward) == expected_calls(["ws_mm", "ws_mm"], path)
+
+    grads = [x.grad, linear.weight.grad]
+    x_ref = x.detach().double().requires_grad_()
+    weight_ref = linear.weight.detach().double().requires_grad_()
+    out_ref = F.linear(x_ref, weight_ref, linear.bias.detach().double())
+    out_ref.sum().backward()
+    assert_matches(out, out_ref, REL_TOLERANCE[dtype])
+    for grad, ref in zip(grads, [x_ref.grad, weight_ref.grad]):
+        assert_matches(grad, ref, REL_TOLERANCE[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["opaque", "inline"])
+def test_gpu_llama_block_is_fully_routed(path, monkeypatch):
+    """The block of benchmarks/bench_block.py (run from the repository root: python -m pytest)."""
+    from benchmarks.bench_block import BATCH, HIDDEN, SEQ, LlamaBlock
+
+    monkeypatch.setattr(R, "_path", R.Path(path))
+    torch.manual_seed(0)
+    block = LlamaBlock().cuda().to(torch.bfloat16)
+    x = randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+
+    out, forward_code = compile_and_run(block, x)
+    backward = backward_code(out)
+    for code, gemms in ((forward_code, LlamaBlock.GEMMS), (backward, 2 * LlamaBlock.GEMMS)):
+        assert len(routed_calls(code)) == gemms
+        assert not re.search(r"extern_kernels\.(mm|addmm|bmm)\(", code)
+
+    # The bf16 block rounds at every op, so hold the routed block to eager bf16's own
+    # distance from an fp32 run of the same weights: at most twice it (plus a floor).
+    routed = [out, x.grad] + [p.grad for p in block.parameters()]
+    x.grad = None
+    block.zero_grad(set_to_none=True)
+    eager_out = block(x)
+    eager_out.sum().backward()
+    eager = [eager_out, x.grad] + [p.grad for p in block.parameters()]
+    block32 = LlamaBlock().cuda()
+    block32.load_state_dict({name: p.float() for name, p in block.state_dict().items()})
+    x32 = x.detach().float().requires_grad_()
+    out32 = block32(x32)
+    out32.sum().backward()
+    fp32 = [out32, x32.grad] + [p.grad for p in block32.parameters()]
+    for got, eager_bf16, ref in zip(routed, eager, fp32):
+        assert rel_error(got, ref) <= 2 * rel_error(eager_bf16, ref) + 1e-3

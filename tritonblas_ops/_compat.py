@@ -1,0 +1,53 @@
+"""What differs between the torch versions we support (2.11 on the GPU machine, 2.13 in CI).
+
+Everything else in the package uses APIs that are the same in both.
+"""
+
+from torch._inductor import config as inductor_config
+from torch._inductor import custom_graph_pass
+
+# torch 2.13 lets a post-grad pass slot hold a list of passes (and calls, keys and checks
+# each); torch 2.11 holds one pass. Detected by the helper that reads such a list.
+_PASS_LISTS = hasattr(custom_graph_pass, "get_custom_graph_passes")
+
+
+class _PassPair(custom_graph_pass.CustomGraphPass):
+    """Two post-grad passes in one slot, for torch 2.11."""
+
+    def __init__(self, first, second):
+        self.first = first
+        self.second = second
+
+    def __call__(self, graph):
+        self.first(graph)
+        self.second(graph)
+
+    def uuid(self):
+        uuids = [p.uuid() if isinstance(p, custom_graph_pass.CustomGraphPass) else None
+                 for p in (self.first, self.second)]
+        # Inductor bypasses its caches for a pass without a uuid; keep that true for the pair.
+        return None if None in uuids else tuple(uuids)
+
+
+def post_grad_post_passes() -> tuple:
+    """The passes now in `config.post_grad_custom_post_pass`, flattened."""
+    current = inductor_config.post_grad_custom_post_pass
+    if _PASS_LISTS:
+        return custom_graph_pass.get_custom_graph_passes(current)
+    return () if current is None else _flatten(current)
+
+
+def _flatten(p) -> tuple:
+    return (*_flatten(p.first), *_flatten(p.second)) if isinstance(p, _PassPair) else (p,)
+
+
+def append_post_grad_post_pass(new_pass) -> None:
+    """Run `new_pass` after whatever post-grad post pass the user already set, keeping theirs."""
+    current = inductor_config.post_grad_custom_post_pass
+    if current is None:
+        inductor_config.post_grad_custom_post_pass = new_pass
+    elif _PASS_LISTS:
+        passes = custom_graph_pass.get_custom_graph_passes(current)
+        inductor_config.post_grad_custom_post_pass = [*passes, new_pass]
+    else:
+        inductor_config.post_grad_custom_post_pass = _PassPair(current, new_pass)
