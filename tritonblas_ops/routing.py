@@ -18,8 +18,9 @@ A routed GEMM becomes one of two things, chosen by `TRITONBLAS_OPS_ROUTING_PATH`
   output and the zeroed counters as its own buffers. It always uses pointer loads (TMA needs
   the operands' base alignment, which the lowering cannot see without a guard) and has yet
   to run on a GPU: make it the default once tests/test_routing.py passes on one.
-CPU tensors (tests only; see `_eligible_devices`) always take the opaque call, whose op runs
-the kernel through Triton's interpreter: the inline kernel needs a device Triton compiles for.
+CPU tensors (only after route_cpu(True), for tests and demos) always take the opaque call,
+whose op runs the kernel through Triton's interpreter: the inline kernel needs a device
+Triton compiles for.
 
 Caches: lowering overrides are not part of the FX-graph or AOTAutograd cache keys, so a
 warm cache would serve code compiled under another routing state. A post-grad pass that
@@ -127,6 +128,15 @@ def routing(enabled: bool):
         yield
     finally:
         _enabled = before
+
+
+def route_cpu(enabled: bool) -> None:
+    """Also route CPU GEMMs: compiled code then calls the ops, which run the kernel through
+    Triton's interpreter. Slow; for tests and demos on machines without a GPU."""
+    if enabled:
+        _eligible_devices.add("cpu")
+    else:
+        _eligible_devices.discard("cpu")
 
 
 def set_policy(policy: str) -> None:
