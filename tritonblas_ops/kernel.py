@@ -13,6 +13,7 @@ reproducible whatever the schedule.
 Reads top to bottom: tile-index helpers, the tile body, the persistent loop, the launcher.
 """
 
+import contextlib
 import enum
 import functools
 import threading
@@ -234,6 +235,11 @@ def ws_matmul_kernel(
 # ---------------------------------------------------------------------------------------
 
 
+# The interpreter keeps the grid position in module state, and the patch of JITFunction
+# below is process-wide: one interpreted launch at a time, whichever thread asks.
+_INTERPRETER_LOCK = threading.Lock()
+
+
 class _InterpretedKernel:
     """The same kernel run by Triton's interpreter, for CPU tensors.
 
@@ -246,9 +252,6 @@ class _InterpretedKernel:
 
         self._kernel = InterpretedFunction(jit_function.fn)
         self._helpers = {}
-        # The interpreter keeps the grid position in module state, and the patch below is
-        # process-wide: one interpreted launch at a time.
-        self._lock = threading.Lock()
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
@@ -264,7 +267,7 @@ class _InterpretedKernel:
                 # own patch (restored when it ends) covers tl and tl.core (see _TL_CORE).
                 return self._helpers[id(jit_fn)].rewrite()(*call_args, **call_kwargs)
 
-            with self._lock:
+            with _INTERPRETER_LOCK:
                 compiled_call = JITFunction.__call__
                 JITFunction.__call__ = interpreted_call
                 try:
@@ -421,6 +424,10 @@ def ws_matmul(
         return c
     if bias is not None and beta == 0:
         bias = None  # torch.addmm ignores bias when beta == 0, NaN and Inf included
+    if k == 0 or alpha == 0:
+        # As BLAS (and torch.addmm): no product to scale, so A, B and alpha are not read.
+        c.copy_(beta * bias.expand(c.shape[-2:]) if bias is not None else torch.zeros_like(c))
+        return c
     config = config or select_config(m, n, k, batches, a.dtype, a.device)
     if num_shards is None:
         num_shards = devices.default_num_shards(a.device)
@@ -428,9 +435,12 @@ def ws_matmul(
         tiles = num_tiles(m, n, batches, config)
         num_programs = min(devices.num_compute_units(a.device), tiles)
     counters = torch.zeros(num_shards * devices.COUNTER_STRIDE, dtype=torch.int32, device=a.device)
-    launch(a3, b3, c if batched else c.unsqueeze(0), bias, alpha, beta, counters,
-           config=config, num_shards=num_shards, num_programs=num_programs, schedule=schedule,
-           use_tma=use_tma)
+    # Triton launches on the current device, and descriptor scratch is allocated there.
+    guard = torch.cuda.device(a.device) if a.is_cuda and not is_fake(a) else contextlib.nullcontext()
+    with guard:
+        launch(a3, b3, c if batched else c.unsqueeze(0), bias, alpha, beta, counters,
+               config=config, num_shards=num_shards, num_programs=num_programs,
+               schedule=schedule, use_tma=use_tma)
     return c
 
 

@@ -20,7 +20,19 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # ---------------------------------------------------------------------------------------
 
 
+def _check_tensor(op: str, name: str, t) -> None:
+    torch._check_type(
+        isinstance(t, Tensor), lambda: f"{op}: {name} must be a Tensor, got {type(t).__name__}"
+    )
+    torch._check(
+        t.layout == torch.strided,
+        lambda: f"{op}: {name} must be a dense (strided) tensor, got layout {t.layout}",
+    )
+
+
 def _check_operands(op: str, a: Tensor, b: Tensor, rank: int) -> None:
+    for name, t in (("a", a), ("b", b)):
+        _check_tensor(op, name, t)
     for name, t in (("a", a), ("b", b)):
         torch._check(
             t.dim() == rank,
@@ -50,6 +62,7 @@ def _check_operands(op: str, a: Tensor, b: Tensor, rank: int) -> None:
 
 
 def _check_bias(bias: Tensor, a: Tensor, b: Tensor) -> None:
+    _check_tensor("ws_addmm", "bias", bias)
     out_shape = (a.shape[0], b.shape[1])
     torch._check(
         bias.dtype == a.dtype,

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [bench] [contention] [overhead] [block] [overlap] [dtypes]
+# With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to a folder for logs and results}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+stages=${*:-tests bench contention overhead block overlap dtypes}
+has() { [[ " $stages " == *" $1 "* ]]; }
+
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+  git rev-parse --short HEAD; date -u; } | tee "$OUT/env.log"
+# The package's entry points (backend="tritonblas") need its metadata installed.
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1
+
+has tests && timeout ${TESTS_TIMEOUT:-300} python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE 2>&1 | grep -v "^DEBUG" | tee "$OUT/gpu_tests.log" | tail -15
+has bench && python3 -m benchmarks.bench --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
+has contention && python3 -m benchmarks.bench --contention 0,8,20,33,66 --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/contention.log" | tail -12
+has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/overhead.log" | tail -6
+if has block; then
+  for path in opaque inline; do
+    python3 -m benchmarks.bench_block --path $path 2>&1 | tee "$OUT/block_$path.log" | tail -6
+  done
+fi
+has overlap && python3 -m benchmarks.overlap --hog-sms 16,33 --out "$OUT/h200_overlap.csv" 2>&1 | tee "$OUT/overlap.log" | tail -20
+if has dtypes; then
+  for dtype in fp16 fp32; do
+    python3 -m benchmarks.bench --corpus quick --dtype $dtype --out "$OUT/h200_$dtype.csv" 2>&1 | tee "$OUT/bench_$dtype.log" | tail -16
+  done
+fi
