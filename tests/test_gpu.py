@@ -10,8 +10,8 @@ from torch.library import opcheck
 
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops import device as devices
-from tritonblas_ops.config import select_config
-from tritonblas_ops.kernel import Schedule, launch, num_tiles, ws_matmul
+from tritonblas_ops.config import num_tiles, select_config
+from tritonblas_ops.kernel import Schedule, launch, ws_matmul
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_empty")]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tritonblas_ops import device as devices
-from tritonblas_ops.config import TileConfig
-from tritonblas_ops.kernel import Schedule, launch, num_tiles, ws_matmul
+from tritonblas_ops.config import TileConfig, num_tiles
+from tritonblas_ops.kernel import Schedule, launch, ws_matmul
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
 
 pytestmark = pytest.mark.usefixtures("poison_empty")

@@ -3,7 +3,6 @@
 import dataclasses
 
 import torch
-import triton
 
 from tritonblas_ops import device as devices
 
@@ -36,6 +35,11 @@ FP32_CONFIGS = (
 )
 
 
+def num_tiles(m: int, n: int, batches: int, config: TileConfig) -> int:
+    # Plain integer ceil-division: triton.cdiv is a jit function, ~4 us a host call.
+    return -(-m // config.block_m) * -(-n // config.block_n) * batches
+
+
 def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
                   device: torch.device) -> TileConfig:
     """The largest tile that still gives every SM/CU a tile, else the smallest tile."""
@@ -44,7 +48,6 @@ def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
     candidates = FP32_CONFIGS if dtype == torch.float32 else HALF_CONFIGS
     units = devices.num_compute_units(device)
     for config in candidates:
-        tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * batches
-        if tiles >= units:
+        if num_tiles(m, n, batches, config) >= units:
             return config
     return candidates[-1]

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
 
 from tritonblas_ops import device as devices
-from tritonblas_ops.config import TileConfig, select_config
+from tritonblas_ops.config import TileConfig, num_tiles, select_config
 
 
 class Schedule(enum.Enum):
@@ -294,15 +294,11 @@ def tf32_enabled() -> bool:
     return torch.backends.cuda.matmul.allow_tf32
 
 
-def num_tiles(m: int, n: int, batches: int, config: TileConfig) -> int:
-    return triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * batches
-
-
 def _max_offset(t: torch.Tensor) -> int:
     return sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
 
 
-def _tma_compatible(t: torch.Tensor) -> bool:
+def _tma_compatible(t: torch.Tensor, traced: bool) -> bool:
     """A (B, R, C) operand a tensor descriptor can move: one unit stride, the other stride,
     the batch stride (when there are batches) and the base all 16-byte aligned."""
     rows, cols = t.stride(1), t.stride(2)
@@ -311,7 +307,7 @@ def _tma_compatible(t: torch.Tensor) -> bool:
         return False
     # While tracing there is no data pointer: the allocator aligns storages to far more
     # than 16 bytes, so the view's offset into its storage decides.
-    base = t.storage_offset() * t.element_size() if is_fake(t) else t.data_ptr()
+    base = t.storage_offset() * t.element_size() if traced else t.data_ptr()
     aligned = [base, other * t.element_size()]
     if t.shape[0] > 1:
         aligned.append(t.stride(0) * t.element_size())
@@ -356,7 +352,8 @@ def launch(
         bias = bias.expand(m, n)
     operands = [t for t in (a, b, c, bias) if t is not None]
     fp32 = a.dtype == torch.float32
-    tma_ok = all(_tma_compatible(t) for t in (a, b, c))
+    traced = is_fake(a)
+    tma_ok = all(_tma_compatible(t, traced) for t in (a, b, c))
     if use_tma is None:
         use_tma = devices.has_tma(a.device) and tma_ok
     elif use_tma and not tma_ok:
@@ -365,7 +362,7 @@ def launch(
         triton.set_allocator(_descriptor_scratch)
     if a.device.type == "cpu":
         kernel = _interpreted_kernel()
-    elif is_fake(a):
+    elif traced:
         kernel = wrap_triton(ws_matmul_kernel)  # traced: the kernel itself enters the graph
     else:
         kernel = ws_matmul_kernel  # eager: a direct launch (the traceable wrapper costs ~0.3 ms)
@@ -436,7 +433,7 @@ def ws_matmul(
         num_programs = min(devices.num_compute_units(a.device), tiles)
     counters = torch.zeros(num_shards * devices.COUNTER_STRIDE, dtype=torch.int32, device=a.device)
     # Triton launches on the current device, and descriptor scratch is allocated there.
-    guard = torch.cuda.device(a.device) if a.is_cuda and not is_fake(a) else contextlib.nullcontext()
+    guard = torch.cuda._DeviceGuard(a.device.index) if a.is_cuda else contextlib.nullcontext()
     with guard:
         launch(a3, b3, c if batched else c.unsqueeze(0), bias, alpha, beta, counters,
                config=config, num_shards=num_shards, num_programs=num_programs,

@@ -54,7 +54,7 @@ from torch._inductor.virtualized import V
 
 from tritonblas_ops import _compat
 from tritonblas_ops import device as devices
-from tritonblas_ops.config import select_config
+from tritonblas_ops.config import num_tiles, select_config
 from tritonblas_ops.kernel import tf32_enabled, ws_matmul_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES
 
@@ -288,7 +288,7 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
     )
     batches = batch[0] if batched else 1
     if all(isinstance(s, (int, sympy.Integer)) for s in (batches, m, n)):
-        tiles = triton.cdiv(int(m), config.block_m) * triton.cdiv(int(n), config.block_n) * int(batches)
+        tiles = num_tiles(int(m), int(n), int(batches), config)
         num_programs = min(devices.num_compute_units(device), tiles)
     else:
         # Symbolic shape: one program per SM; programs that find no tile exit at once.
