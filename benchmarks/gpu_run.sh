@@ -6,6 +6,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for logs and results}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+# The lent H200 has no expecttest and no network: carry its wheel in .whl/ (see
+# benchmarks/README.md) and it is installed here, outside the system site-packages.
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
 stages=${*:-tests bench contention overhead block overlap dtypes}
 has() { [[ " $stages " == *" $1 "* ]]; }
 
