@@ -3,6 +3,10 @@
 Each op is a `triton_op`, so torch.compile sees the Triton kernel itself rather than an
 opaque call. CPU tensors run the same kernel through Triton's interpreter (for tests and
 demos, not speed); while CPU inputs are being traced, the body returns the aten result.
+
+The schemas are also declared in C++ (csrc_stubs/, for processes without Python): they must
+equal schemas.SCHEMAS, and when the C++ stubs were loaded first the ops below adopt the
+C++ definitions instead of defining the ops again (schemas.py).
 """
 
 import torch
@@ -11,6 +15,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op
 
 from tritonblas_ops.kernel import ws_matmul
+from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -87,7 +92,25 @@ def _check_bias(bias: Tensor, a: Tensor, b: Tensor) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-@triton_op("tritonblas::ws_mm", mutates_args=())
+def _triton_op(name: str):
+    """`triton_op(f"tritonblas::{name}", mutates_args=())`, adopting the op if the C++ stubs
+    already defined it; the schema torch infers from the annotations must be SCHEMAS[name]."""
+
+    def define(fn):
+        with adopt_cpp_definitions():
+            op = triton_op(f"{NAMESPACE}::{name}", mutates_args=())(fn)
+        if defined_schema(name) != SCHEMAS[name]:
+            raise RuntimeError(
+                f"{NAMESPACE}::{name}: the annotations of ops.{fn.__name__} give the schema "
+                f"'{defined_schema(name)}', schemas.SCHEMAS says '{SCHEMAS[name]}': change both "
+                f"(and csrc_stubs/tritonblas_stubs.cpp) together"
+            )
+        return op
+
+    return define
+
+
+@_triton_op("ws_mm")
 def ws_mm(a: Tensor, b: Tensor) -> Tensor:
     """(M, K) @ (K, N) with the work-stealing kernel."""
     _check_operands("ws_mm", a, b, rank=2)
@@ -96,7 +119,7 @@ def ws_mm(a: Tensor, b: Tensor) -> Tensor:
     return ws_matmul(a, b)
 
 
-@triton_op("tritonblas::ws_addmm", mutates_args=())
+@_triton_op("ws_addmm")
 def ws_addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: float = 1.0) -> Tensor:
     """beta * bias + alpha * (a @ b), as torch.addmm; bias is added in the kernel's epilogue."""
     _check_operands("ws_addmm", a, b, rank=2)
@@ -106,7 +129,7 @@ def ws_addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: fl
     return ws_matmul(a, b, bias, alpha=alpha, beta=beta)
 
 
-@triton_op("tritonblas::ws_bmm", mutates_args=())
+@_triton_op("ws_bmm")
 def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
     """(B, M, K) @ (B, K, N): every batch's tiles join one work-stealing queue."""
     _check_operands("ws_bmm", a, b, rank=3)
