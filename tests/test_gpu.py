@@ -12,7 +12,12 @@ import tritonblas_ops  # noqa: F401
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import num_tiles, select_config
 from tritonblas_ops.kernel import Schedule, launch, ws_matmul
-from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
+from tritonblas_ops.testing import (
+    REL_TOLERANCE,
+    assert_every_program_drained_every_shard,
+    assert_matches,
+    matmul_ref,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_empty")]
 
@@ -96,11 +101,7 @@ def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule):
     assert (tile_counts == 1).all(), f"tile counts {tile_counts.unique(return_counts=True)}"
     assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
     if schedule is Schedule.WORK_STEALING:
-        shard_sizes = [(s + 1) * tiles // num_shards - s * tiles // num_shards
-                       for s in range(num_shards)]
-        used = counters.view(num_shards, devices.COUNTER_STRIDE)
-        assert used[:, 0].tolist() == [size + num_programs for size in shard_sizes]
-        assert (used[:, 1:] == 0).all()
+        assert_every_program_drained_every_shard(counters, tiles, num_shards, num_programs)
 
 
 def test_bitwise_identical_across_runs_and_schedules():

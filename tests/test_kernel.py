@@ -9,7 +9,12 @@ import torch
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import TileConfig, num_tiles
 from tritonblas_ops.kernel import Schedule, launch, ws_matmul
-from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
+from tritonblas_ops.testing import (
+    REL_TOLERANCE,
+    assert_every_program_drained_every_shard,
+    assert_matches,
+    matmul_ref,
+)
 
 pytestmark = pytest.mark.usefixtures("poison_empty")
 
@@ -114,12 +119,7 @@ def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule):
     assert tile_counts.tolist() == [1] * tiles
     assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.float32])
     if schedule is Schedule.WORK_STEALING:
-        # Every program makes exactly one failed claim on every shard before it stops.
-        shard_sizes = [(s + 1) * tiles // num_shards - s * tiles // num_shards
-                       for s in range(num_shards)]
-        used = counters.view(num_shards, devices.COUNTER_STRIDE)
-        assert used[:, 0].tolist() == [size + num_programs for size in shard_sizes]
-        assert (used[:, 1:] == 0).all(), "an atomic hit the padding between counters"
+        assert_every_program_drained_every_shard(counters, tiles, num_shards, num_programs)
 
 
 def test_counter_buffer_smaller_than_shard_count_is_refused():
