@@ -366,22 +366,49 @@ def launch(
         kernel = wrap_triton(ws_matmul_kernel)  # traced: the kernel itself enters the graph
     else:
         kernel = ws_matmul_kernel  # eager: a direct launch (the traceable wrapper costs ~0.3 ms)
-    kernel[(num_programs,)](
+    args = kernel_arguments(
         a, b, c, bias, counters, tile_counts,
-        m, n, k, batches,
-        *a.stride(), *b.stride(), *c.stride(),
-        *(bias.stride() if bias is not None else (0, 0)),
-        alpha, beta,
+        sizes=(m, n, k, batches),
+        strides=(a.stride(), b.stride(), c.stride(), bias.stride() if bias is not None else (0, 0)),
+        alpha=alpha, beta=beta, config=config, num_shards=num_shards,
+        work_stealing=schedule is Schedule.WORK_STEALING,
+        tf32=fp32 and tf32_enabled(),
+        int64_index=max(_max_offset(t) for t in operands) >= 2**31 - 1,
+        use_tma=use_tma,
+        a_row_major=use_tma and a.stride(2) == 1,
+        b_row_major=use_tma and b.stride(2) == 1,
+    )
+    kernel[(num_programs,)](**args, num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def kernel_arguments(a, b, c, bias, counters, tile_counts, *, sizes, strides, alpha, beta,
+                     config: TileConfig, num_shards: int, work_stealing: bool, tf32: bool,
+                     int64_index: bool, use_tma: bool, a_row_major: bool,
+                     b_row_major: bool) -> dict:
+    """ws_matmul_kernel's arguments by name, for the eager launch here and the launch that
+    routing.py writes into Inductor's generated code (operands are IR nodes there).
+
+    sizes: (M, N, K, batches); strides: A's, B's and C's (batch, row, column) strides and the
+    bias's (row, column) strides.
+    """
+    m, n, k, batches = sizes
+    stride_a, stride_b, stride_c, stride_bias = strides
+    return dict(
+        a_ptr=a, b_ptr=b, c_ptr=c, bias_ptr=bias, counters_ptr=counters,
+        tile_counts_ptr=tile_counts,
+        M=m, N=n, K=k, num_batches=batches,
+        **dict(zip(("stride_ab", "stride_am", "stride_ak"), stride_a)),
+        **dict(zip(("stride_bb", "stride_bk", "stride_bn"), stride_b)),
+        **dict(zip(("stride_cb", "stride_cm", "stride_cn"), stride_c)),
+        **dict(zip(("stride_bias_m", "stride_bias_n"), stride_bias)),
+        alpha=alpha, beta=beta,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
         NUM_SHARDS=num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
-        WORK_STEALING=schedule is Schedule.WORK_STEALING,
-        INPUT_PRECISION="tf32" if fp32 and tf32_enabled() else "ieee",
-        INT64_INDEX=max(_max_offset(t) for t in operands) >= 2**31 - 1,
-        USE_TMA=use_tma,
-        A_ROW_MAJOR=use_tma and a.stride(2) == 1,
-        B_ROW_MAJOR=use_tma and b.stride(2) == 1,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        WORK_STEALING=work_stealing,
+        INPUT_PRECISION="tf32" if tf32 else "ieee",
+        INT64_INDEX=int64_index,
+        USE_TMA=use_tma, A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major,
     )
 
 

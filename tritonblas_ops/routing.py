@@ -55,7 +55,7 @@ from torch._inductor.virtualized import V
 from tritonblas_ops import _compat
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import num_tiles, select_config
-from tritonblas_ops.kernel import tf32_enabled, ws_matmul_kernel
+from tritonblas_ops.kernel import kernel_arguments, tf32_enabled, ws_matmul_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES
 
 aten = torch.ops.aten
@@ -294,21 +294,15 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
         # Symbolic shape: one program per SM; programs that find no tile exit at once.
         num_programs = devices.num_compute_units(device)
 
-    kernel_args = dict(
-        a_ptr=a, b_ptr=b, c_ptr=c, bias_ptr=bias, counters_ptr=counters, tile_counts_ptr=None,
-        M=m, N=n, K=k, num_batches=batches,
-        **dict(zip(("stride_ab", "stride_am", "stride_ak"), strides(a))),
-        **dict(zip(("stride_bb", "stride_bk", "stride_bn"), strides(b))),
-        **dict(zip(("stride_cb", "stride_cm", "stride_cn"), strides(c))),
-        **dict(zip(("stride_bias_m", "stride_bias_n"), bias_strides)),
-        alpha=_scalar(alpha), beta=_scalar(beta),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=config.group_m,
-        NUM_SHARDS=num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
-        WORK_STEALING=True,
-        INPUT_PRECISION="tf32" if dtype == torch.float32 and tf32_enabled() else "ieee",
-        INT64_INDEX=not fits_int32,
-        USE_TMA=False, A_ROW_MAJOR=False, B_ROW_MAJOR=False,
+    kernel_args = kernel_arguments(
+        a, b, c, bias, counters, None,
+        sizes=(m, n, k, batches),
+        strides=(strides(a), strides(b), strides(c), bias_strides),
+        alpha=_scalar(alpha), beta=_scalar(beta), config=config, num_shards=num_shards,
+        work_stealing=True,
+        tf32=dtype == torch.float32 and tf32_enabled(),
+        int64_index=not fits_int32,
+        use_tma=False, a_row_major=False, b_row_major=False,
     )
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
