@@ -190,12 +190,15 @@ def test_cpu_tensors_are_not_eligible_by_default():
 
 
 def test_auto_policy_thresholds():
-    """The "auto" table against the H200 rows it was read from (DESIGN.md 5)."""
+    """The "auto" table against the H200 rows it was read from (benchmarks/RESULTS.md)."""
     assert R._auto_routes(1, 8192, 8192, 8192)
     assert R._auto_routes(1, 4864, 8192, 4160)
     assert R._auto_routes(1, 4096, 14336, 4096)
+    assert R._auto_routes(1, 2048, 4096, 14336)
     assert not R._auto_routes(1, 1000, 1000, 1000)  # launch-bound
+    assert not R._auto_routes(1, 2048, 2048, 2048)  # host-bound
     assert not R._auto_routes(1, 128, 8192, 8192)  # skinny
+    assert not R._auto_routes(1, 1024, 1024, 16384)  # K-heavy, fewer tiles than SMs
     assert not R._auto_routes(1, 3000, 5000, 2000)  # N not a multiple of 16
 
 

@@ -12,12 +12,14 @@ the backward follow: AOTAutograd compiles it lazily, at the first .backward().
 A routed GEMM becomes one of two things, chosen by `TRITONBLAS_OPS_ROUTING_PATH`:
 - "opaque" (default): a call of torch.ops.tritonblas.ws_mm / ws_addmm / ws_bmm (an Inductor
   FallbackKernel). The op picks its launch (tile config, TMA or pointer loads, grid) at run
-  time, exactly as eagerly. Proven on the H200 (DESIGN.md 3).
+  time, exactly as eagerly, but pays the op's host time per GEMM (~0.1-0.2 ms on the H200).
 - "inline": the kernel itself, a user-defined Triton kernel in the generated code, as
   `wrap_triton` would put it there: no Python op call per GEMM, and Inductor allocates the
   output and the zeroed counters as its own buffers. It always uses pointer loads (TMA needs
-  the operands' base alignment, which the lowering cannot see without a guard) and has yet
-  to run on a GPU: make it the default once tests/test_routing.py passes on one.
+  the operands' base alignment, which the lowering cannot see without a guard). Both forms
+  pass the GPU tests on the H200; inline ran a compiled Llama block 2x faster than opaque
+  but still slower than Inductor's own GEMMs (benchmarks/RESULTS.md). Make it the default
+  once it uses TMA and beats opaque across the corpus.
 CPU tensors (only after route_cpu(True), for tests and demos) always take the opaque call,
 whose op runs the kernel through Triton's interpreter: the inline kernel needs a device
 Triton compiles for.
@@ -155,16 +157,18 @@ def get_policy() -> str:
 
 
 def _auto_routes(batches: int, m: int, n: int, k: int) -> bool:
-    """Policy "auto": whether the kernel is expected to at least match Inductor's choice.
+    """Policy "auto": whether the kernel is expected to come within ~10% of cuBLAS alone
+    (and so beat it once other work holds SMs).
 
-    The thresholds come from the H200 probe table (DESIGN.md 5, bf16, against cuBLAS) until
-    benchmarks/RESULTS.md holds the kernel's own sweep; update them from those measurements.
+    From the H200 bf16 corpus in benchmarks/RESULTS.md (run 6): every aligned shape with
+    M, N >= 2048 ran at 0.89-1.02x; below that the kernel loses 2-20x.
     """
     return (
-        batches * m * n * k >= 2**34  # 1000^3 (2^30) ran at 13% of cuBLAS: launch-bound
-        and m >= 256  # M = 128 (x 8192 x 8192) ran at 49%
-        and n % 16 == 0  # 3000 x 5000 x 2000 ran at 17%: unaligned rows make slow loads
-        and k % 16 == 0  # (DESIGN.md 4)
+        batches * m * n * k >= 2**34  # sq2048 (2^33) ran at 0.27x: host-bound
+        and m >= 2048  # M = 128 ran at 0.29-0.53x; M = 1024 with K = 16384 at 0.22x
+        and n >= 2048
+        and n % 16 == 0  # 3000 x 5000 x 2000 ran at 0.48x: unaligned rows, pointer loads
+        and k % 16 == 0
     )
 
 
