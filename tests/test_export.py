@@ -3,6 +3,7 @@ op] in torch/_library/triton.py) and round-trip through torch.export.save / load
 AOTInductor package of a routed model runs the work-stealing kernel (GPU), and runs with only
 the C++ stubs, in Python and in a C++ program (CPU and GPU)."""
 
+import os
 import pathlib
 import subprocess
 import textwrap
@@ -178,13 +179,16 @@ def test_aoti_package_runs_with_only_the_stubs(device, stubs, tmp_path, request)
     if device != "cpu":
         return
 
-    # No Python at all: a C++ program, with an empty environment, loads the stubs and the
-    # package (its operand and result as raw float32 files).
+    # No Python at all: a C++ program, whose environment holds only libtorch's folder (as a
+    # deployment's would: some torch versions build AOTInductor packages without an rpath to
+    # it), loads the stubs and the package (its operand and result as raw float32 files).
     x = tensors["x"]
     x.numpy().tofile(tmp_path / "x.bin")
     program = [request.getfixturevalue("runner"), stubs, package, str(tmp_path / "x.bin"),
                *map(str, x.shape), str(tmp_path / "out.bin")]
-    proc = subprocess.run(program, env={}, capture_output=True, text=True, timeout=300)
+    libtorch = os.path.join(os.path.dirname(torch.__file__), "lib")
+    proc = subprocess.run(program, env={"LD_LIBRARY_PATH": libtorch}, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-6000:]}"
     out = torch.from_numpy(np.fromfile(tmp_path / "out.bin", dtype=np.float32))
     assert_matches(out.view(eager.shape), eager, tolerance)
