@@ -20,7 +20,6 @@ import torch
 
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops.schemas import SCHEMAS, defined_schema
-from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -191,35 +190,6 @@ def test_fallback_refuses_bad_input_as_the_python_ops_do(stubs):
     python = [first_error_line(op, args) for op, args in BAD_INPUTS]
     assert "no error" not in python
     assert result["errors"] == python
-
-
-def test_exported_program_runs_with_only_the_stubs(stubs, tmp_path):
-    """Exported where tritonblas_ops is installed, run where only the stubs are."""
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(12, 16))
-            self.bias = torch.nn.Parameter(torch.randn(16))
-
-        def forward(self, x, y):
-            h = torch.ops.tritonblas.ws_addmm(self.bias, x, self.w, beta=0.5, alpha=2.0)
-            h = torch.ops.tritonblas.ws_mm(h.relu(), self.w.t())
-            return torch.ops.tritonblas.ws_bmm(h.view(2, 4, 12), y)
-
-    model = Model()
-    x, y = torch.randn(8, 12), torch.randn(2, 12, 5)
-    torch.export.save(torch.export.export(model, (x, y)), tmp_path / "model.pt2")
-    torch.save((x, y), tmp_path / "inputs.pt")
-    with torch.no_grad():
-        eager = model(x, y)
-    stubs_only(stubs, f"""
-        program = torch.export.load({str(tmp_path / "model.pt2")!r})
-        x, y = torch.load({str(tmp_path / "inputs.pt")!r})
-        with torch.no_grad():
-            torch.save(program.module()(x, y), {str(tmp_path / "out.pt")!r})
-    """)
-    assert_matches(torch.load(tmp_path / "out.pt"), eager.double(), REL_TOLERANCE[torch.float32])
 
 
 # ---------------------------------------------------------------------------------------

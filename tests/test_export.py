@@ -17,7 +17,7 @@ import tritonblas_ops  # noqa: F401
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
 
 # Shared with the stubs' tests: a subprocess runner, and the stubs (built once a session).
-from test_csrc_stubs import run_python, stubs  # noqa: F401
+from test_csrc_stubs import run_python, stubs, stubs_only  # noqa: F401
 
 OPS = {torch.ops.tritonblas.ws_mm.default, torch.ops.tritonblas.ws_addmm.default,
        torch.ops.tritonblas.ws_bmm.default}
@@ -48,6 +48,22 @@ def op_targets(program) -> list:
 
 
 EXPECTED = ["tritonblas.ws_addmm.default", "tritonblas.ws_bmm.default", "tritonblas.ws_mm.default"]
+
+
+def test_exported_program_runs_with_only_the_stubs(stubs, tmp_path):
+    """Exported where tritonblas_ops is installed, run where only the C++ stubs are."""
+    model = Model()
+    x, y = torch.randn(8, 12), torch.randn(2, 5, 12)
+    torch.export.save(torch.export.export(model, (x, y)), tmp_path / "model.pt2")
+    torch.save((x, y), tmp_path / "inputs.pt")
+    stubs_only(stubs, f"""
+        program = torch.export.load({str(tmp_path / "model.pt2")!r})
+        x, y = torch.load({str(tmp_path / "inputs.pt")!r})
+        with torch.no_grad():
+            torch.save(program.module()(x, y), {str(tmp_path / "out.pt")!r})
+    """)
+    with torch.no_grad():
+        assert_matches(torch.load(tmp_path / "out.pt"), reference(model, x, y), REL_TOLERANCE[torch.float32])
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
