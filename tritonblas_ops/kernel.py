@@ -428,8 +428,8 @@ def ws_matmul(
     """alpha * a @ b + beta * bias for 2-D (M, K) @ (K, N) or 3-D (B, M, K) @ (B, K, N).
 
     The plain Python entry point under the torch ops, with the knobs they keep at defaults:
-    tile config, shard count, grid size, schedule and load path. Inputs must already be valid (the ops
-    check them); a layout with no unit stride is copied first.
+    tile config, shard count, grid size, schedule and load path. Inputs must already be
+    valid (the ops check them); a layout with no unit stride is copied first.
     """
     if a.device.type == "cpu" and a.dtype == torch.bfloat16:
         # The interpreter's bf16 tl.dot multiplies raw bits. bf16 products are exact in

@@ -210,15 +210,9 @@ def _ws_addmm_backward(ctx, grad):
         grad_b = grad_b * ctx.alpha
     grad_bias = None
     if ctx.needs_input_grad[0]:
-        grad_bias = _sum_to(grad * ctx.beta if ctx.beta != 1 else grad, ctx.bias_shape)
+        # Reduce the broadcast gradient back to the bias's shape.
+        grad_bias = (grad * ctx.beta if ctx.beta != 1 else grad).sum_to_size(ctx.bias_shape)
     return grad_bias, grad_a, grad_b
-
-
-def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    """Reduce a broadcast gradient back to the bias's shape."""
-    lead = grad.dim() - len(shape)
-    dims = list(range(lead)) + [lead + i for i, size in enumerate(shape) if size == 1]
-    return grad.sum(dims, keepdim=True).reshape(shape) if dims else grad
 
 
 ws_mm.register_autograd(_ws_mm_backward, setup_context=_save_operands)
