@@ -178,8 +178,8 @@ def _parse(argv):
     parser.add_argument("--shards", type=_int_list, metavar="S,S,...",
                         help="work-stealing shard counts to sweep (rows ws_sS); default: the library's")
     parser.add_argument("--inductor", action="store_true", help="add Inductor max-autotune (slow: compiles per shape)")
-    parser.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warmup per run")
-    parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench timed time per run")
+    parser.add_argument("--warmup-ms", type=float, default=25.0, help="GPU warmup per timed provider and shape")
+    parser.add_argument("--rep-ms", type=float, default=100.0, help="GPU time spent timing each provider and shape")
     parser.add_argument("--out", type=pathlib.Path, help="CSV to append rows to (metadata to the .json beside it)")
     parser.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes")
     args = parser.parse_args(argv)

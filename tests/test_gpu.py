@@ -2,6 +2,7 @@
 guarantee with truly concurrent programs, and counters across launches, streams and graphs.
 Skipped on machines without a GPU; run on the H200 (benchmarks/RESULTS.md)."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -9,9 +10,9 @@ import torch
 from torch.library import opcheck
 
 import tritonblas_ops  # noqa: F401
-from tritonblas_ops import device as devices
+from tritonblas_ops import kernel
 from tritonblas_ops.config import num_tiles, select_config
-from tritonblas_ops.kernel import Schedule, launch, ws_matmul
+from tritonblas_ops.kernel import Schedule, counter_elements, launch, ws_matmul
 from tritonblas_ops.testing import (
     REL_TOLERANCE,
     assert_every_program_drained_every_shard,
@@ -84,24 +85,70 @@ def test_ops_bf16_fp16(dtype):
     assert_matches(torch.ops.tritonblas.ws_bmm(a3, b3), matmul_ref(a3, b3), tol)
 
 
+@pytest.mark.parametrize("split_k", [1, 4])
 @pytest.mark.parametrize("schedule", list(Schedule))
 @pytest.mark.parametrize("num_programs", [1, 3, 132, 264])
 @pytest.mark.parametrize("num_shards", [1, 2, 6, 8])
-def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule):
+def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule, split_k):
     m, n, k, batches = 2000, 3000, 512, 2
     a = torch.randn(batches, m, k, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(batches, k, n, dtype=torch.bfloat16, device="cuda")
-    config = select_config(m, n, k, batches, a.dtype, a.device)
-    tiles = num_tiles(m, n, batches, config)
-    tile_counts = torch.zeros(tiles, dtype=torch.int32, device="cuda")
-    counters = torch.zeros(num_shards * devices.COUNTER_STRIDE, dtype=torch.int32, device="cuda")
+    config = dataclasses.replace(select_config(m, n, k, batches, a.dtype, a.device), split_k=split_k)
+    units = num_tiles(m, n, batches, config) * split_k
+    unit_counts = torch.zeros(units, dtype=torch.int32, device="cuda")
+    counters = torch.zeros(counter_elements(num_shards, units // split_k, split_k),
+                           dtype=torch.int32, device="cuda")
     out = torch.full((batches, m, n), float("nan"), dtype=a.dtype, device="cuda")
     launch(a, b, out, None, 1.0, 1.0, counters, config=config, num_shards=num_shards,
-           num_programs=num_programs, schedule=schedule, tile_counts=tile_counts)
-    assert (tile_counts == 1).all(), f"tile counts {tile_counts.unique(return_counts=True)}"
+           num_programs=num_programs, schedule=schedule, tile_counts=unit_counts)
+    assert (unit_counts == 1).all(), f"unit counts {unit_counts.unique(return_counts=True)}"
     assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
     if schedule is Schedule.WORK_STEALING:
-        assert_every_program_drained_every_shard(counters, tiles, num_shards, num_programs)
+        assert_every_program_drained_every_shard(counters, units, num_shards, num_programs)
+
+
+@pytest.mark.parametrize("m,n,k", [(16, 4096, 4096), (128, 8192, 8192), (256, 512, 32768),
+                                   (1, 4096, 14336), (1000, 1000, 8000), (77, 333, 9999)])
+def test_split_k_shapes_the_selector_splits(m, n, k):
+    """The skinny and K-heavy shapes select_config splits: right, and bitwise equal run to
+    run and whatever the grid (the slices are summed in slice order by the last to arrive),
+    also while another stream holds most SMs."""
+    a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
+    config = select_config(m, n, k, 1, a.dtype, a.device)
+    if config.split_k == 1:
+        config = dataclasses.replace(config, split_k=3)  # unaligned K: split it anyway
+    first = ws_matmul(a, b, config=config)
+    assert_matches(first, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+    for programs in (1, 7, 132):
+        assert torch.equal(ws_matmul(a, b, config=config, num_programs=programs), first)
+    for _ in range(10):
+        assert torch.equal(ws_matmul(a, b, config=config), first)
+
+
+def test_cached_launch_matches_the_first_launch_and_reuses_its_plan():
+    """The second call with a key launches Triton's compiled kernel directly, with the
+    per-stream counter buffer the first left zeroed: same bits, and one plan per key
+    (alignment is part of the key: an operand 2 bytes off its allocation gets its own)."""
+    kernel._plans.clear()
+    base = torch.randn(4097 * 1024 + 1, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(1024, 3000, dtype=torch.bfloat16, device="cuda")
+    bias = torch.randn(3000, dtype=torch.bfloat16, device="cuda")
+    for offset in (0, 1):  # aligned (TMA) and 2 bytes off (pointer loads)
+        a = base[offset:offset + 4096 * 1024].view(4096, 1024)
+        ref = matmul_ref(a, b, bias, alpha=0.5, beta=2.0)
+        outs = [ws_matmul(a, b, bias, alpha=0.5, beta=2.0) for _ in range(5)]
+        assert_matches(outs[0], ref, REL_TOLERANCE[torch.bfloat16])
+        assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    assert len(kernel._plans) == 2
+    counters = [buffer for buffer in kernel._counter_buffers.values()]
+    assert counters and not any(buffer.any() for buffer in counters), "counters left set"
+    a = torch.randn(333, 1000, dtype=torch.float16, device="cuda")
+    b = torch.randn(1000, 222, dtype=torch.float16, device="cuda")
+    assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), torch.ops.tritonblas.ws_mm(a, b))
+    column_major = a.t().contiguous().t(), b.t().contiguous().t()
+    for _ in range(2):
+        assert_matches(torch.ops.tritonblas.ws_mm(*column_major), matmul_ref(a, b), REL_TOLERANCE[torch.float16])
 
 
 def test_bitwise_identical_across_runs_and_schedules():

@@ -1,14 +1,16 @@
 """The kernel itself, run by Triton's interpreter on CPU tensors: numerics at ragged edges,
 every layout, the scheduling guarantee and bitwise reproducibility."""
 
+import dataclasses
 import itertools
 
 import pytest
 import torch
 
 from tritonblas_ops import device as devices
-from tritonblas_ops.config import TileConfig, num_tiles
-from tritonblas_ops.kernel import Schedule, launch, ws_matmul
+from tritonblas_ops import config as configs
+from tritonblas_ops.config import TileConfig, num_tiles, select_config
+from tritonblas_ops.kernel import Schedule, counter_elements, launch, ws_matmul
 from tritonblas_ops.testing import (
     REL_TOLERANCE,
     assert_every_program_drained_every_shard,
@@ -95,7 +97,7 @@ def test_ragged_edge_tiles_never_write_outside_the_output():
     buffer = torch.full((1, m + 9, n + 11), sentinel)
     out = buffer[:, 4 : 4 + m, 5 : 5 + n]
     out.fill_(float("nan"))
-    counters = torch.zeros(2 * devices.COUNTER_STRIDE, dtype=torch.int32)
+    counters = torch.zeros(counter_elements(2, num_tiles(m, n, 1, SMALL), 1), dtype=torch.int32)
     launch(a[None], b[None], out, None, 1.0, 1.0, counters,
            config=SMALL, num_shards=2, num_programs=3)
     assert_matches(out[0], matmul_ref(a, b), REL_TOLERANCE[torch.float32])
@@ -104,29 +106,58 @@ def test_ragged_edge_tiles_never_write_outside_the_output():
     assert (buffer[border] == sentinel).all(), "the kernel wrote outside the output window"
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("schedule", list(Schedule))
 @pytest.mark.parametrize("num_programs", [1, 3, 5, 16])
 @pytest.mark.parametrize("num_shards", [1, 2, 6, 8])
-def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule):
-    m, n, k, batches = 50, 70, 20, 2
+def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule, split_k):
+    m, n, k, batches = 50, 70, 40, 2
+    config = dataclasses.replace(SMALL, split_k=split_k)
     a, b = torch.randn(batches, m, k), torch.randn(batches, k, n)
-    tiles = num_tiles(m, n, batches, SMALL)
-    tile_counts = torch.zeros(tiles, dtype=torch.int32)
-    counters = torch.zeros(num_shards * devices.COUNTER_STRIDE, dtype=torch.int32)
+    tiles = num_tiles(m, n, batches, config)
+    unit_counts = torch.zeros(tiles * split_k, dtype=torch.int32)
+    counters = torch.zeros(counter_elements(num_shards, tiles, split_k), dtype=torch.int32)
     out = torch.full((batches, m, n), float("nan"))
-    launch(a, b, out, None, 1.0, 1.0, counters, config=SMALL, num_shards=num_shards,
-           num_programs=num_programs, schedule=schedule, tile_counts=tile_counts)
-    assert tile_counts.tolist() == [1] * tiles
+    launch(a, b, out, None, 1.0, 1.0, counters, config=config, num_shards=num_shards,
+           num_programs=num_programs, schedule=schedule, tile_counts=unit_counts)
+    assert unit_counts.tolist() == [1] * (tiles * split_k)
     assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.float32])
     if schedule is Schedule.WORK_STEALING:
-        assert_every_program_drained_every_shard(counters, tiles, num_shards, num_programs)
+        assert_every_program_drained_every_shard(counters, tiles * split_k, num_shards, num_programs)
 
 
-def test_counter_buffer_smaller_than_shard_count_is_refused():
-    a, b, out = torch.randn(1, 8, 8), torch.randn(1, 8, 8), torch.empty(1, 8, 8)
-    too_small = torch.zeros(4 * devices.COUNTER_STRIDE - 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="counter buffer must be int32 with >= 256 elements for 4 shards"):
-        launch(a, b, out, None, 1.0, 1.0, too_small, config=SMALL, num_shards=4, num_programs=2)
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_reset_counters_leaves_the_buffer_zero_for_the_next_launch(split_k):
+    """With reset_counters the last program out zeroes the claim counters (split-K arrival
+    counters are zeroed by each tile's last slice), so one buffer serves launch after launch."""
+    config = dataclasses.replace(SMALL, split_k=split_k)
+    a, b = torch.randn(2, 40, 70), torch.randn(2, 70, 30)
+    counters = torch.zeros(counter_elements(3, num_tiles(40, 30, 2, config), split_k), dtype=torch.int32)
+    for num_programs in (5, 2, 7):
+        out = torch.full((2, 40, 30), float("nan"))
+        launch(a, b, out, None, 1.0, 1.0, counters, config=config, num_shards=3,
+               num_programs=num_programs, reset_counters=True)
+        assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.float32])
+        assert not counters.any(), f"counters left set: {counters.nonzero().flatten().tolist()}"
+
+
+@pytest.mark.parametrize("split_k", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_k_matches_the_reference_and_is_bitwise_reproducible(split_k, dtype):
+    """K slices summed by whichever slice arrives last, always in slice order: right at ragged
+    edges (K not a multiple of the block or of the split, slices that get no K), with the
+    bias epilogue applied once, and bitwise equal whatever the schedule and grid."""
+    config = dataclasses.replace(SMALL, split_k=split_k)
+    tol = REL_TOLERANCE[dtype]
+    for m, n, k in [(37, 41, 100), (16, 16, 17), (20, 9, 3)]:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        bias = torch.randn(n, dtype=dtype)
+        first = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=config, num_programs=1)
+        assert_matches(first, matmul_ref(a, b, bias, alpha=1.5, beta=-0.5), tol)
+        for shards, programs, schedule in [(2, 5, Schedule.WORK_STEALING), (1, 3, Schedule.STATIC)]:
+            again = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=config, num_shards=shards,
+                              num_programs=programs, schedule=schedule)
+            assert torch.equal(again, first), (m, n, k, shards, programs, schedule)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -189,3 +220,20 @@ def test_default_shards_follow_the_xcds_on_hip(monkeypatch):
     monkeypatch.setenv(devices.SHARDS_ENV, "0")
     with pytest.raises(ValueError, match="TRITONBLAS_OPS_NUM_SHARDS must be a positive integer"):
         devices.default_num_shards(torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_config_selector_splits_k_only_below_a_wave(dtype, monkeypatch):
+    """The cost model (132 SMs, as the H200): shapes with a wave of tiles or more keep whole
+    K; skinny and K-heavy ones are split, into slices no shorter than MIN_K_PER_SPLIT and no
+    more than two waves of work units."""
+    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    for m, n, k in [(8192, 8192, 8192), (4096, 14336, 4096), (3000, 5000, 2000), (1000, 1000, 1000)]:
+        assert select_config(m, n, k, 1, dtype, gpu).split_k == 1, (m, n, k)
+    for m, n, k in [(16, 4096, 4096), (1, 4096, 14336), (256, 512, 32768), (1024, 1024, 16384)]:
+        config = select_config(m, n, k, 1, dtype, gpu)
+        assert config.split_k > 1, (m, n, k)
+        assert k // config.split_k >= configs.MIN_K_PER_SPLIT
+        assert num_tiles(m, n, 1, config) * config.split_k <= 2 * 132
+    assert select_config(16, 4096, 300, 1, dtype, gpu).split_k == 1  # K too short to split

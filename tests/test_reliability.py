@@ -29,7 +29,7 @@ import tritonblas_ops  # noqa: F401  (registers the ops; routing is on from here
 from tritonblas_ops import device as devices
 from tritonblas_ops import kernel
 from tritonblas_ops.config import TileConfig
-from tritonblas_ops.kernel import Schedule, launch, tf32_enabled, ws_matmul
+from tritonblas_ops.kernel import Schedule, counter_elements, launch, tf32_enabled, ws_matmul
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref, rel_error
 
 ops = torch.ops.tritonblas
@@ -373,7 +373,7 @@ def test_host_picks_int64_indexing_exactly_when_an_offset_reaches_2_31(name, mon
     operands.update(overrides)
     recorder = _RecordingKernel()
     monkeypatch.setattr(kernel, "ws_matmul_kernel", recorder)
-    counters = torch.zeros(devices.COUNTER_STRIDE, dtype=torch.int32, device="meta")
+    counters = torch.zeros(counter_elements(1, 0, 1), dtype=torch.int32, device="meta")
     launch(operands["a"], operands["b"], operands["c"], operands["bias"], 1.0, 1.0, counters,
            config=SMALL, num_shards=1, num_programs=2, use_tma=False)
     assert [kw["INT64_INDEX"] for kw in recorder.launches] == [int64]

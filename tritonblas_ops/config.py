@@ -15,24 +15,34 @@ class TileConfig:
     group_m: int = 8  # output-tile rows per swizzle group, for L2 reuse of B's columns
     num_warps: int = 8
     num_stages: int = 3
+    # K slices per output tile. Above 1 each slice is a work unit of its own; its fp32
+    # partial goes to a workspace and the last slice to arrive sums them in slice order.
+    split_k: int = 1
+    # Throughput of one SM with this tile, relative to the best tile (select_config's model).
+    efficiency: float = dataclasses.field(default=1.0, compare=False)
 
 
 # The interpreter runs each tl op in numpy: bigger tiles mean fewer, cheaper Python steps.
 INTERPRETER_CONFIG = TileConfig(32, 32, 32, group_m=4, num_warps=4, num_stages=1)
 
-# 16-bit tiles, largest first, as measured on the H200 (benchmarks/NOTES.md, step 2):
-# 128x256 is fastest wherever it yields a full wave of tiles (8192^3: 670-716 TFLOP/s
-# against 636-640 for 128x128); below a wave, smaller tiles keep more SMs busy
-# (1024x1024x16384: 393 with 64x128 against 215 with 128x256; 128x8192x8192: 277 vs 189).
+# 16-bit tiles, largest first, with their throughput measured on the H200 at 8192^3
+# (benchmarks/NOTES.md, step 2: 670, 640 and 420 TFLOP/s).
 HALF_CONFIGS = (
-    TileConfig(128, 256, 64, num_warps=8, num_stages=3),
-    TileConfig(128, 128, 64, num_warps=4, num_stages=4),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4),
+    TileConfig(128, 256, 64, num_warps=8, num_stages=3, efficiency=1.0),
+    TileConfig(128, 128, 64, num_warps=4, num_stages=4, efficiency=0.95),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, efficiency=0.63),
 )
-FP32_CONFIGS = (
-    TileConfig(128, 128, 32, num_warps=8, num_stages=3),
-    TileConfig(64, 128, 32, num_warps=4, num_stages=4),
+FP32_CONFIGS = (  # efficiencies assumed like the 16-bit ones of the same shape
+    TileConfig(128, 128, 32, num_warps=8, num_stages=3, efficiency=1.0),
+    TileConfig(64, 128, 32, num_warps=4, num_stages=4, efficiency=0.66),
 )
+
+SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+MIN_K_PER_SPLIT = 256  # shorter slices spend more on the pipeline's fill than on the dot
+# GPU FLOPs worth one byte of memory traffic (H200: ~790 TFLOP/s over ~4 TB/s): what a
+# byte of split-K partials costs in the model, in FLOPs of the best tile.
+FLOPS_PER_BYTE = 200
+FIXED_K_STEPS = 2  # per work unit: pipeline fill and epilogue, in K steps of the tile
 
 
 def num_tiles(m: int, n: int, batches: int, config: TileConfig) -> int:
@@ -40,14 +50,37 @@ def num_tiles(m: int, n: int, batches: int, config: TileConfig) -> int:
     return -(-m // config.block_m) * -(-n // config.block_n) * batches
 
 
+def _modeled_cost(m: int, n: int, k: int, batches: int, config: TileConfig, split_k: int,
+                  units: int) -> float:
+    """Time of the launch in FLOPs of one SM running the best tile: waves of work units, each
+    unit its K slice (plus a fixed cost) at the tile's efficiency, and for split-K the
+    partials each unit writes and the last one reads back."""
+    work_units = num_tiles(m, n, batches, config) * split_k
+    waves = -(-work_units // units)
+    k_slice = -(-k // split_k)
+    flops = 2 * config.block_m * config.block_n * (k_slice + FIXED_K_STEPS * config.block_k)
+    unit = flops / config.efficiency
+    if split_k > 1:
+        unit += 2 * config.block_m * config.block_n * 4 * FLOPS_PER_BYTE
+    return waves * unit
+
+
 def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
                   device: torch.device) -> TileConfig:
-    """The largest tile that still gives every SM/CU a tile, else the smallest tile."""
+    """The tile and K split that the cost model says finish first: bigger tiles are more
+    efficient, but below a wave of tiles smaller ones (or K slices) keep more SMs busy.
+    The choice depends on the shape alone, so results are reproducible run to run."""
     if device.type == "cpu":
         return INTERPRETER_CONFIG
     candidates = FP32_CONFIGS if dtype == torch.float32 else HALF_CONFIGS
     units = devices.num_compute_units(device)
+    best, best_cost = None, None
     for config in candidates:
-        if num_tiles(m, n, batches, config) >= units:
-            return config
-    return candidates[-1]
+        for split_k in SPLIT_K_CHOICES:
+            if split_k > 1 and (k // split_k < MIN_K_PER_SPLIT
+                                or num_tiles(m, n, batches, config) * split_k > 2 * units):
+                break
+            cost = _modeled_cost(m, n, k, batches, config, split_k, units)
+            if best_cost is None or cost < best_cost:
+                best, best_cost = dataclasses.replace(config, split_k=split_k), cost
+    return best

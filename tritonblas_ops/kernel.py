@@ -14,13 +14,16 @@ Reads top to bottom: tile-index helpers, the tile body, the persistent loop, the
 """
 
 import contextlib
+import dataclasses
 import enum
 import functools
+import os
 import threading
 
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
 
@@ -54,54 +57,50 @@ def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _shard_begin(shard, num_tiles, NUM_SHARDS: tl.constexpr):
-    """First tile of a shard: shards are contiguous, their sizes differ by at most one."""
-    return (shard.to(tl.int64) * num_tiles // NUM_SHARDS).to(tl.int32)
+def _shard_begin(shard, num_units, NUM_SHARDS: tl.constexpr):
+    """First work unit of a shard: shards are contiguous, their sizes differ by at most one."""
+    return (shard.to(tl.int64) * num_units // NUM_SHARDS).to(tl.int32)
 
 
 @triton.jit
-def _claim_tile(counters_ptr, home_shard, dry_shards, num_tiles,
+def _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
                 NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr):
-    """The next tile for this program, or -1 once every shard is dry.
+    """The next work unit for this program, or -1 once every shard is dry.
 
     `dry_shards` counts the shards, from the home shard on, that this program has found
     empty; it is carried between calls so no program asks an empty shard twice.
     """
-    tile = -1
-    while (tile < 0) & (dry_shards < NUM_SHARDS):
+    unit = -1
+    while (unit < 0) & (dry_shards < NUM_SHARDS):
         shard = (home_shard + dry_shards) % NUM_SHARDS
-        begin = _shard_begin(shard, num_tiles, NUM_SHARDS)
-        size = _shard_begin(shard + 1, num_tiles, NUM_SHARDS) - begin
+        begin = _shard_begin(shard, num_units, NUM_SHARDS)
+        size = _shard_begin(shard + 1, num_units, NUM_SHARDS) - begin
         # Relaxed is enough: the counter only hands out indices, it guards no data.
         claimed = tl.atomic_add(counters_ptr + shard * COUNTER_STRIDE, 1, sem="relaxed")
         if claimed < size:
-            tile = begin + claimed
+            unit = begin + claimed
         else:
             dry_shards += 1
-    return tile, dry_shards
+    return unit, dry_shards
 
 
 # ---------------------------------------------------------------------------------------
-# The tile body
+# The tile body: the product over a K range, split-K partial sums, the epilogue
 # ---------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _matmul_tile(
-    a_ptr, b_ptr, c_ptr, bias_ptr,
-    batch, tile_m, tile_n,
+def _tile_product(
+    a_ptr, b_ptr, batch, tile_m, tile_n, k_begin, k_end,
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
-    stride_cb, stride_cm, stride_cn,
-    stride_bias_m, stride_bias_n,
-    alpha, beta,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
 ):
-    """One output tile, K looped in a fixed order. Edges are exact: rows and columns past
-    M, N, K are read as zeros and never written (no index wrapping).
+    """One output tile's fp32 product over K in [k_begin, k_end), in a fixed order. Edges are
+    exact: rows and columns past M, N, k_end are read as zeros (no index wrapping).
 
     USE_TMA: operands move through tensor descriptors (Hopper's copy engine), which clip
     the edges in hardware; otherwise through masked pointer loads, for any strides.
@@ -114,15 +113,13 @@ def _matmul_tile(
         batch = batch.to(tl.int64)
         offs_m = offs_m.to(tl.int64)
         offs_n = offs_n.to(tl.int64)
-    in_m = offs_m < M
-    in_n = offs_n < N
     a_ptr += batch * stride_ab
     b_ptr += batch * stride_bb
-    c_ptr += batch * stride_cb
 
     if USE_TMA:
         # One descriptor per tile: its base carries the batch offset. Column-major
         # operands are described as their transposes and transposed back in registers.
+        # Slices end on multiples of BLOCK_K, so only the last one meets the edge at K.
         if A_ROW_MAJOR:
             a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
         else:
@@ -132,15 +129,16 @@ def _matmul_tile(
         else:
             b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K])
     else:
-        offs_k = tl.arange(0, BLOCK_K)
+        offs_k = k_begin + tl.arange(0, BLOCK_K)
         if INT64_INDEX:
             offs_k = offs_k.to(tl.int64)
+        in_m = offs_m < M
+        in_n = offs_n < N
         a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
         b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k0 = k * BLOCK_K
+    for k0 in range(k_begin, k_end, BLOCK_K):
         if USE_TMA:
             if A_ROW_MAJOR:
                 a = a_desc.load([m0, k0])
@@ -151,12 +149,59 @@ def _matmul_tile(
             else:
                 b = b_desc.load([n0, k0]).T
         else:
-            a = tl.load(a_ptrs, mask=in_m[:, None] & (offs_k[None, :] < K - k0), other=0.0)
-            b = tl.load(b_ptrs, mask=(offs_k[:, None] < K - k0) & in_n[None, :], other=0.0)
+            in_k = offs_k < k_end
+            a = tl.load(a_ptrs, mask=in_m[:, None] & in_k[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=in_k[:, None] & in_n[None, :], other=0.0)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
+            offs_k += BLOCK_K
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return acc
 
+
+@triton.jit
+def _sum_slices(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Split-K: store this slice's partial; the tile's last slice to arrive gets the sum of
+    all of them, always in slice order (bitwise the same whoever arrives last), and
+    returns is_last; the others return False and store nothing more."""
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tile_partials = partials_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+    tl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offs, acc)
+    # Every thread's part of the partial is written before one thread counts the arrival;
+    # the arrival releases the partials, and the last one's acquires the others'.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
+    is_last = arrived == SPLIT_K - 1
+    if is_last:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            # .cg: read from L2, where the other SMs' writes are, never from a stale L1.
+            acc += tl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+        tl.store(arrivals_ptr + tile, 0)  # the counter is clean for the next launch
+    return acc, is_last
+
+
+@triton.jit
+def _store_tile(
+    acc, c_ptr, bias_ptr, batch, tile_m, tile_n, M, N,
+    stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
+    alpha, beta,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64_INDEX: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    """C tile = alpha * acc + beta * bias, rounded to C's dtype; nothing past M, N written."""
+    m0 = tile_m * BLOCK_M
+    n0 = tile_n * BLOCK_N
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    if INT64_INDEX:
+        batch = batch.to(tl.int64)
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    in_m = offs_m < M
+    in_n = offs_n < N
+    c_ptr += batch * stride_cb
     acc = acc * alpha
     if bias_ptr is not None:
         bias_ptrs = bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n
@@ -182,8 +227,9 @@ def ws_matmul_kernel(
     b_ptr,  # (B, K, N), any strides
     c_ptr,  # (B, M, N), written
     bias_ptr,  # (M, N) view (broadcast strides may be 0), or None
-    counters_ptr,  # int32 (NUM_SHARDS * COUNTER_STRIDE,), zero at launch
-    tile_counts_ptr,  # int32 (num_tiles,) zeroed, or None: +1 per tile computed (tests)
+    counters_ptr,  # int32 (counter_elements(...),), zero at launch; see counter_elements
+    partials_ptr,  # fp32 (tiles * SPLIT_K * BLOCK_M * BLOCK_N,) workspace, or None (SPLIT_K 1)
+    tile_counts_ptr,  # int32 (tiles * SPLIT_K,) zeroed, or None: +1 per work unit done (tests)
     M, N, K, num_batches,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
@@ -191,9 +237,9 @@ def ws_matmul_kernel(
     stride_bias_m, stride_bias_n,
     alpha, beta,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
     NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr,
-    WORK_STEALING: tl.constexpr,
+    WORK_STEALING: tl.constexpr, RESET_COUNTERS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
 ):
@@ -201,33 +247,60 @@ def ws_matmul_kernel(
     num_programs = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = tiles_m * tiles_n * num_batches
+    # Work units: each tile's K slices, numbered next to each other (claimed close in time).
+    num_units = tiles_m * tiles_n * num_batches * SPLIT_K
+    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    done_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
+    arrivals_ptr = done_ptr + COUNTER_STRIDE
 
     home_shard = pid % NUM_SHARDS
     dry_shards = 0
     if WORK_STEALING:
-        tile, dry_shards = _claim_tile(counters_ptr, home_shard, dry_shards, num_tiles,
+        unit, dry_shards = _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
                                        NUM_SHARDS, COUNTER_STRIDE)
     else:
-        tile = tl.where(pid < num_tiles, pid, -1)
+        unit = tl.where(pid < num_units, pid, -1)
 
-    while tile >= 0:
+    while unit >= 0:
+        tile = unit // SPLIT_K
+        split = unit % SPLIT_K
         batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
-        _matmul_tile(
-            a_ptr, b_ptr, c_ptr, bias_ptr, batch, tile_m, tile_n, M, N, K,
+        k_begin = split * k_per_split
+        k_end = tl.minimum(K, k_begin + k_per_split)
+        acc = _tile_product(
+            a_ptr, b_ptr, batch, tile_m, tile_n, k_begin, k_end, M, N, K,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-            stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
-            alpha, beta, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX,
+            BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX,
             USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
         )
+        store = True
+        if SPLIT_K > 1:
+            acc, store = _sum_slices(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K,
+                                     BLOCK_M, BLOCK_N)
+        if store:
+            _store_tile(
+                acc, c_ptr, bias_ptr, batch, tile_m, tile_n, M, N,
+                stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
+                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, USE_TMA,
+            )
         if tile_counts_ptr is not None:
-            tl.atomic_add(tile_counts_ptr + tile, 1, sem="relaxed")
+            tl.atomic_add(tile_counts_ptr + unit, 1, sem="relaxed")
         if WORK_STEALING:
-            tile, dry_shards = _claim_tile(counters_ptr, home_shard, dry_shards, num_tiles,
+            unit, dry_shards = _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
                                            NUM_SHARDS, COUNTER_STRIDE)
         else:
-            tile += num_programs
-            tile = tl.where(tile < num_tiles, tile, -1)
+            unit += num_programs
+            unit = tl.where(unit < num_units, unit, -1)
+
+    if RESET_COUNTERS:
+        # The last program out zeroes the claim counters, so the buffer can serve the next
+        # launch with no memset. Each program counts itself out after its last claim, so
+        # by then no program will touch a counter again in this launch.
+        finished = tl.atomic_add(done_ptr, 1, sem="acq_rel")
+        if finished == num_programs - 1:
+            for shard in tl.static_range(NUM_SHARDS):
+                tl.store(counters_ptr + shard * COUNTER_STRIDE, 0)
+            tl.store(done_ptr, 0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -319,6 +392,24 @@ def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+def counter_elements(num_shards: int, num_tiles: int, split_k: int) -> int:
+    """int32 counters one launch uses, each zero at launch: a claim counter per shard and a
+    count of finished programs, each on its own COUNTER_STRIDE line, then for split-K an
+    arrival counter per tile. A launch leaves the arrival counters at zero again, and with
+    reset_counters the others too."""
+    return (num_shards + 1) * devices.COUNTER_STRIDE + (num_tiles if split_k > 1 else 0)
+
+
+def _cpp_launches() -> bool:
+    """Whether Inductor is generating C++ that launches the kernel (AOTInductor, or
+    cpp_wrapper). Those launchers are given no scratch memory for device-side tensor
+    descriptors: with TMA, AOTInductor's package crashed on the H200 (RESULTS.md)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.virtualized import V
+
+    return V.aot_compilation or inductor_config.cpp_wrapper
+
+
 def launch(
     a: torch.Tensor,  # (B, M, K)
     b: torch.Tensor,  # (B, K, N)
@@ -326,7 +417,7 @@ def launch(
     bias: torch.Tensor | None,  # broadcastable to (M, N), or None
     alpha: float,
     beta: float,
-    counters: torch.Tensor,  # int32, zero, at least num_shards * COUNTER_STRIDE
+    counters: torch.Tensor,  # int32, zero, at least counter_elements(...) long
     *,
     config: TileConfig,
     num_shards: int,
@@ -334,19 +425,24 @@ def launch(
     schedule: Schedule = Schedule.WORK_STEALING,
     use_tma: bool | None = None,
     tile_counts: torch.Tensor | None = None,
-) -> None:
-    """Launch the kernel on already checked, non-empty 3-D operands.
+    reset_counters: bool = False,
+):
+    """Launch the kernel on already checked, non-empty 3-D operands. Returns what the launch
+    gave (eagerly on a GPU, Triton's compiled kernel) and the kernel's arguments by name.
 
     use_tma: None picks tensor descriptors wherever the device and the layouts allow them.
+    reset_counters: the last program zeroes the counters, so the buffer can be reused.
     """
     batches, m, k = a.shape
     n = b.shape[2]
     if num_shards < 1 or num_programs < 1:
         raise ValueError(f"need num_shards >= 1 and num_programs >= 1, got {num_shards}, {num_programs}")
-    if counters.dtype != torch.int32 or counters.numel() < num_shards * devices.COUNTER_STRIDE:
+    tiles = num_tiles(m, n, batches, config)
+    needed = counter_elements(num_shards, tiles, config.split_k)
+    if counters.dtype != torch.int32 or counters.numel() < needed:
         raise ValueError(
-            f"counter buffer must be int32 with >= {num_shards * devices.COUNTER_STRIDE} elements "
-            f"for {num_shards} shards, got {counters.dtype} with {counters.numel()}"
+            f"counter buffer must be int32 with >= {needed} elements for {num_shards} shards "
+            f"and {tiles} tiles split {config.split_k} ways, got {counters.dtype} with {counters.numel()}"
         )
     if bias is not None:
         bias = bias.expand(m, n)
@@ -355,11 +451,15 @@ def launch(
     traced = is_fake(a)
     tma_ok = all(_tma_compatible(t, traced) for t in (a, b, c))
     if use_tma is None:
-        use_tma = devices.has_tma(a.device) and tma_ok
+        use_tma = devices.has_tma(a.device) and tma_ok and not (traced and _cpp_launches())
     elif use_tma and not tma_ok:
         raise ValueError("use_tma=True needs 16-byte aligned operands with a unit stride")
     if use_tma and a.device.type == "cuda":
         triton.set_allocator(_descriptor_scratch)
+    partials = None
+    if config.split_k > 1:
+        partials = torch.empty(tiles * config.split_k * config.block_m * config.block_n,
+                               dtype=torch.float32, device=a.device)
     if a.device.type == "cpu":
         kernel = _interpreted_kernel()
     elif traced:
@@ -367,26 +467,27 @@ def launch(
     else:
         kernel = ws_matmul_kernel  # eager: a direct launch (the traceable wrapper costs ~0.3 ms)
     args = kernel_arguments(
-        a, b, c, bias, counters, tile_counts,
+        a, b, c, bias, counters, partials, tile_counts,
         sizes=(m, n, k, batches),
         strides=(a.stride(), b.stride(), c.stride(), bias.stride() if bias is not None else (0, 0)),
         alpha=alpha, beta=beta, config=config, num_shards=num_shards,
         work_stealing=schedule is Schedule.WORK_STEALING,
+        reset_counters=reset_counters,
         tf32=fp32 and tf32_enabled(),
         int64_index=max(_max_offset(t) for t in operands) >= 2**31 - 1,
         use_tma=use_tma,
         a_row_major=use_tma and a.stride(2) == 1,
         b_row_major=use_tma and b.stride(2) == 1,
     )
-    kernel[(num_programs,)](**args, num_warps=config.num_warps, num_stages=config.num_stages)
+    return kernel[(num_programs,)](**args, num_warps=config.num_warps, num_stages=config.num_stages), args
 
 
-def kernel_arguments(a, b, c, bias, counters, tile_counts, *, sizes, strides, alpha, beta,
-                     config: TileConfig, num_shards: int, work_stealing: bool, tf32: bool,
-                     int64_index: bool, use_tma: bool, a_row_major: bool,
-                     b_row_major: bool) -> dict:
-    """ws_matmul_kernel's arguments by name, for the eager launch here and the launch that
-    routing.py writes into Inductor's generated code (operands are IR nodes there).
+def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, *, sizes, strides, alpha,
+                     beta, config: TileConfig, num_shards: int, work_stealing: bool,
+                     reset_counters: bool, tf32: bool, int64_index: bool, use_tma: bool,
+                     a_row_major: bool, b_row_major: bool) -> dict:
+    """ws_matmul_kernel's arguments by name, in its order, for the eager launch here and the
+    launch that routing.py writes into Inductor's generated code (operands are IR nodes there).
 
     sizes: (M, N, K, batches); strides: A's, B's and C's (batch, row, column) strides and the
     bias's (row, column) strides.
@@ -394,7 +495,7 @@ def kernel_arguments(a, b, c, bias, counters, tile_counts, *, sizes, strides, al
     m, n, k, batches = sizes
     stride_a, stride_b, stride_c, stride_bias = strides
     return dict(
-        a_ptr=a, b_ptr=b, c_ptr=c, bias_ptr=bias, counters_ptr=counters,
+        a_ptr=a, b_ptr=b, c_ptr=c, bias_ptr=bias, counters_ptr=counters, partials_ptr=partials,
         tile_counts_ptr=tile_counts,
         M=m, N=n, K=k, num_batches=batches,
         **dict(zip(("stride_ab", "stride_am", "stride_ak"), stride_a)),
@@ -403,9 +504,9 @@ def kernel_arguments(a, b, c, bias, counters, tile_counts, *, sizes, strides, al
         **dict(zip(("stride_bias_m", "stride_bias_n"), stride_bias)),
         alpha=alpha, beta=beta,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=config.group_m,
+        GROUP_M=config.group_m, SPLIT_K=config.split_k,
         NUM_SHARDS=num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
-        WORK_STEALING=work_stealing,
+        WORK_STEALING=work_stealing, RESET_COUNTERS=reset_counters,
         INPUT_PRECISION="tf32" if tf32 else "ieee",
         INT64_INDEX=int64_index,
         USE_TMA=use_tma, A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major,
@@ -431,13 +532,26 @@ def ws_matmul(
     tile config, shard count, grid size, schedule and load path. Inputs must already be
     valid (the ops check them); a layout with no unit stride is copied first.
     """
+    alpha, beta = float(alpha), float(beta)  # one kernel signature, whatever the caller passed
+    default_knobs = (config is None and num_shards is None and num_programs is None
+                     and schedule is Schedule.WORK_STEALING and use_tma is None)
+    if default_knobs and a.is_cuda and type(a) in _PLAIN and type(b) in _PLAIN and type(bias) in _PLAIN:
+        return _cached_launch(a, b, bias, alpha, beta)
+    return _ws_matmul(a, b, bias, alpha, beta, config=config, num_shards=num_shards,
+                      num_programs=num_programs, schedule=schedule, use_tma=use_tma)
+
+
+def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, schedule, use_tma,
+               plan_key=None):
+    """ws_matmul, every decision made from the shapes; with `plan_key`, the launch reuses a
+    counter buffer and what it decided is kept under the key for _cached_launch."""
     if a.device.type == "cpu" and a.dtype == torch.bfloat16:
         # The interpreter's bf16 tl.dot multiplies raw bits. bf16 products are exact in
         # fp32, so fp32 operands give what the GPU's bf16 dot would.
         bias32 = bias.float() if bias is not None else None
-        return ws_matmul(a.float(), b.float(), bias32, alpha=alpha, beta=beta, config=config,
-                         num_shards=num_shards, num_programs=num_programs,
-                         schedule=schedule, use_tma=use_tma).to(torch.bfloat16)
+        return _ws_matmul(a.float(), b.float(), bias32, alpha, beta, config=config,
+                          num_shards=num_shards, num_programs=num_programs,
+                          schedule=schedule, use_tma=use_tma).to(torch.bfloat16)
     batched = a.dim() == 3
     a3, b3 = (a, b) if batched else (a.unsqueeze(0), b.unsqueeze(0))
     a3, b3 = _unit_stride(a3), _unit_stride(b3)
@@ -455,22 +569,128 @@ def ws_matmul(
     config = config or select_config(m, n, k, batches, a.dtype, a.device)
     if num_shards is None:
         num_shards = devices.default_num_shards(a.device)
+    tiles = num_tiles(m, n, batches, config)
     if num_programs is None:
-        tiles = num_tiles(m, n, batches, config)
-        num_programs = min(devices.num_compute_units(a.device), tiles)
-    counters = torch.zeros(num_shards * devices.COUNTER_STRIDE, dtype=torch.int32, device=a.device)
+        num_programs = min(devices.num_compute_units(a.device), tiles * config.split_k)
+    reuse = plan_key is not None  # a counter buffer kept per stream, zeroed by the kernel
     # Triton launches on the current device, and descriptor scratch is allocated there.
     guard = torch.cuda._DeviceGuard(a.device.index) if a.is_cuda else contextlib.nullcontext()
     with guard:
-        launch(a3, b3, c if batched else c.unsqueeze(0), bias, alpha, beta, counters,
-               config=config, num_shards=num_shards, num_programs=num_programs,
-               schedule=schedule, use_tma=use_tma)
+        numel = counter_elements(num_shards, tiles, config.split_k)
+        counters = (_reusable_counters(a.device, numel) if reuse else
+                    torch.zeros(numel, dtype=torch.int32, device=a.device))
+        compiled, args = launch(a3, b3, c if batched else c.unsqueeze(0), bias, alpha, beta,
+                                counters, config=config, num_shards=num_shards,
+                                num_programs=num_programs, schedule=schedule, use_tma=use_tma,
+                                reset_counters=reuse)
+    if reuse:
+        _remember(plan_key, _Plan(
+            kernel=compiled, args=[args[name] for name in ws_matmul_kernel.arg_names],
+            out_shape=c.shape, grid=num_programs, counters_numel=numel,
+            partials_numel=args["partials_ptr"].numel() if config.split_k > 1 else 0,
+            copy_a=a3.data_ptr() != a.data_ptr(), copy_b=b3.data_ptr() != b.data_ptr(),
+            has_bias=bias is not None, uses_tma=args["USE_TMA"],
+        ))
     return c
+
+
+# ---------------------------------------------------------------------------------------
+# The cached eager launch: an eager call with the default knobs looks up what the shapes
+# decided on the first call with that key and launches Triton's compiled kernel directly,
+# skipping Triton's argument binding (~30 us) and the counter memset.
+# ---------------------------------------------------------------------------------------
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # not fake, not functional
+MAX_PLANS = 1024
+
+
+@dataclasses.dataclass
+class _Plan:
+    kernel: object  # Triton's CompiledKernel, specialized for this key
+    args: list  # the kernel's arguments in order; operands, buffers and scalars change per call
+    out_shape: torch.Size
+    grid: int
+    counters_numel: int
+    partials_numel: int
+    copy_a: bool  # the operand has no unit stride: copied to row-major first
+    copy_b: bool
+    has_bias: bool
+    uses_tma: bool
+
+
+_plans: dict = {}
+_counter_buffers: dict = {}
+_SLOT = {name: i for i, name in enumerate(ws_matmul_kernel.arg_names)}
+
+
+def _plan_key(a, b, bias, alpha, beta) -> tuple:
+    """Everything the launch depends on besides the data: shapes, strides, dtype, device,
+    the operands' 16-byte alignment (Triton specializes on it; so does the TMA choice),
+    the bias's layout, the special values of alpha and beta, TF32 and the shard setting."""
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device.index,
+            None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16),
+            a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
+            a.dtype == torch.float32 and tf32_enabled(), os.environ.get(devices.SHARDS_ENV))
+
+
+def _remember(key: tuple, plan: _Plan) -> None:
+    if plan.kernel is None or not hasattr(plan.kernel, "run"):
+        return  # not a compiled kernel (an asynchronous compile still running): next time
+    if len(_plans) >= MAX_PLANS:
+        del _plans[next(iter(_plans))]  # the oldest
+    _plans[key] = plan
+
+
+def _reusable_counters(device: torch.device, numel: int) -> torch.Tensor:
+    """A zeroed counter buffer kept per stream: the kernel zeroes it again before it ends,
+    and launches on one stream never overlap. While a CUDA graph is being captured, a fresh
+    one: the graph's replays may run on any stream, beside eager launches."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(numel, dtype=torch.int32, device=device)
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
+    buffer = _counter_buffers.get(key)
+    if buffer is None or buffer.numel() < numel:
+        buffer = torch.zeros(numel, dtype=torch.int32, device=device)
+        _counter_buffers[key] = buffer
+    return buffer
+
+
+def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
+    key = _plan_key(a, b, bias, alpha, beta)
+    plan = _plans.get(key)
+    if plan is None:
+        return _ws_matmul(a, b, bias, alpha, beta, config=None, num_shards=None,
+                          num_programs=None, schedule=Schedule.WORK_STEALING, use_tma=None,
+                          plan_key=key)
+    device = a.device
+    with torch.cuda._DeviceGuard(device.index):
+        args = plan.args.copy()
+        args[_SLOT["a_ptr"]] = a.contiguous() if plan.copy_a else a
+        args[_SLOT["b_ptr"]] = b.contiguous() if plan.copy_b else b
+        c = args[_SLOT["c_ptr"]] = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
+        args[_SLOT["bias_ptr"]] = bias if plan.has_bias else None
+        args[_SLOT["counters_ptr"]] = _reusable_counters(device, plan.counters_numel)
+        if plan.partials_numel:
+            args[_SLOT["partials_ptr"]] = torch.empty(plan.partials_numel, dtype=torch.float32,
+                                                      device=device)
+        args[_SLOT["alpha"]], args[_SLOT["beta"]] = alpha, beta
+        if plan.uses_tma:
+            triton.set_allocator(_descriptor_scratch)
+        kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
+        enter_hook = knobs.runtime.launch_enter_hook
+        metadata = kernel.launch_metadata((plan.grid, 1, 1), stream, *args) if enter_hook else None
+        kernel.run(plan.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, metadata,
+                   enter_hook, knobs.runtime.launch_exit_hook, *args)
+    return c
+
+
+def _has_unit_stride(t: torch.Tensor) -> bool:
+    return t.stride(-1) == 1 or t.stride(-2) == 1
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     """Row- and column-major operands (and their transposed views) load as they are; any
     other layout would make every load a gather, so it is copied to row-major once."""
-    if t.stride(-1) == 1 or t.stride(-2) == 1:
+    if _has_unit_stride(t):
         return t
     return t.contiguous()

@@ -39,6 +39,7 @@ Already compiled graphs keep their code when the state changes: call torch._dyna
 """
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import importlib.metadata
@@ -57,7 +58,7 @@ from torch._inductor.virtualized import V
 from tritonblas_ops import _compat
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import num_tiles, select_config
-from tritonblas_ops.kernel import kernel_arguments, tf32_enabled, ws_matmul_kernel
+from tritonblas_ops.kernel import counter_elements, kernel_arguments, tf32_enabled, ws_matmul_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES
 
 aten = torch.ops.aten
@@ -264,13 +265,14 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
     n = b.get_size()[-1]
     device, dtype = a.get_device(), a.get_dtype()
     hint_batches, hint_m, hint_n, hint_k = _size_hints(a, b)
-    config = select_config(m=hint_m, n=hint_n, k=hint_k, batches=hint_batches, dtype=dtype,
-                           device=device)
+    # One K slice: split-K needs a workspace sized by the tile count, which may be symbolic.
+    config = dataclasses.replace(select_config(m=hint_m, n=hint_n, k=hint_k, batches=hint_batches,
+                                               dtype=dtype, device=device), split_k=1)
 
     c = inductor_lowering.empty_strided([*batch, m, n], None, dtype=dtype, device=device)
     num_shards = devices.default_num_shards(device)
     counters = inductor_lowering.lowerings[aten.full.default](
-        [num_shards * devices.COUNTER_STRIDE], 0, dtype=torch.int32, device=device
+        [counter_elements(num_shards, 0, split_k=1)], 0, dtype=torch.int32, device=device
     )
     if bias is not None and beta == 0:
         bias = None  # torch.addmm ignores bias when beta == 0, NaN and Inf included
@@ -299,11 +301,11 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
         num_programs = devices.num_compute_units(device)
 
     kernel_args = kernel_arguments(
-        a, b, c, bias, counters, None,
+        a, b, c, bias, counters, None, None,
         sizes=(m, n, k, batches),
         strides=(strides(a), strides(b), strides(c), bias_strides),
         alpha=_scalar(alpha), beta=_scalar(beta), config=config, num_shards=num_shards,
-        work_stealing=True,
+        work_stealing=True, reset_counters=False,
         tf32=dtype == torch.float32 and tf32_enabled(),
         int64_index=not fits_int32,
         use_tma=False, a_row_major=False, b_row_major=False,

@@ -46,15 +46,17 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> No
         )
 
 
-def assert_every_program_drained_every_shard(counters: torch.Tensor, num_tiles: int,
+def assert_every_program_drained_every_shard(counters: torch.Tensor, num_units: int,
                                              num_shards: int, num_programs: int) -> None:
-    """After a work-stealing launch, each shard's counter holds its tile count plus one
-    failed claim per program (every program visits every shard once it is dry), and the
-    padding between counters is untouched: no claim went astray or out of bounds."""
+    """After a work-stealing launch without reset_counters, each shard's counter holds its
+    work-unit count plus one failed claim per program (every program visits every shard once
+    it is dry), the padding between counters is untouched (no claim went astray or out of
+    bounds), and every split-K arrival counter is back at zero."""
     from tritonblas_ops.device import COUNTER_STRIDE
 
-    shard_sizes = [(s + 1) * num_tiles // num_shards - s * num_tiles // num_shards
+    shard_sizes = [(s + 1) * num_units // num_shards - s * num_units // num_shards
                    for s in range(num_shards)]
-    used = counters.view(num_shards, COUNTER_STRIDE)
+    used = counters[: num_shards * COUNTER_STRIDE].view(num_shards, COUNTER_STRIDE)
     assert used[:, 0].tolist() == [size + num_programs for size in shard_sizes]
     assert (used[:, 1:] == 0).all(), "an atomic hit the padding between counters"
+    assert (counters[(num_shards + 1) * COUNTER_STRIDE:] == 0).all(), "an arrival counter was left set"
