@@ -126,6 +126,26 @@ def test_split_k_shapes_the_selector_splits(m, n, k):
         assert torch.equal(ws_matmul(a, b, config=config), first)
 
 
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True)])
+@pytest.mark.parametrize("m,n,k,batches", [(4095, 4097, 4093, 1), (2049, 1023, 777, 1), (1000, 1000, 1001, 3)])
+def test_unaligned_operands_are_copied_aligned_for_descriptors(m, n, k, batches, a_t, b_t):
+    """Rows not 16-byte aligned: where the GEMM is large enough, A and B are copied into
+    padded rows and loaded through descriptors; C (unaligned too) is stored by pointers."""
+    def make(rows, cols, transposed):
+        t = torch.randn(batches, cols, rows, dtype=torch.bfloat16, device="cuda").mT if transposed else \
+            torch.randn(batches, rows, cols, dtype=torch.bfloat16, device="cuda")
+        return t if batches > 1 else t[0]
+
+    a, b = make(m, k, a_t), make(k, n, b_t)
+    a3 = a if batches > 1 else a.unsqueeze(0)
+    b3 = b if batches > 1 else b.unsqueeze(0)
+    assert kernel._aligning_pays(a3, b3)
+    assert kernel._operand_fix(a3, align=True) == "aligned"
+    for _ in range(2):  # the first launch, then the cached one
+        out = torch.ops.tritonblas.ws_bmm(a, b) if batches > 1 else torch.ops.tritonblas.ws_mm(a, b)
+        assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+
+
 def test_cached_launch_matches_the_first_launch_and_reuses_its_plan():
     """The second call with a key launches Triton's compiled kernel directly, with the
     per-stream counter buffer the first left zeroed: same bits, and one plan per key

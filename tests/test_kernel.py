@@ -237,3 +237,20 @@ def test_config_selector_splits_k_only_below_a_wave(dtype, monkeypatch):
         assert k // config.split_k >= configs.MIN_K_PER_SPLIT
         assert num_tiles(m, n, 1, config) * config.split_k <= 2 * 132
     assert select_config(16, 4096, 300, 1, dtype, gpu).split_k == 1  # K too short to split
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_aligned_copy_pads_rows_to_16_bytes(transposed):
+    """The copy made for tensor descriptors: same values, unit column stride, rows and batch
+    starting on 16-byte boundaries (the padding is never read: descriptors clip at K)."""
+    from tritonblas_ops import kernel
+
+    for dtype, cols in [(torch.bfloat16, 777), (torch.float32, 13), (torch.float16, 8)]:
+        t = torch.randn(2, cols, 5, dtype=dtype).mT if transposed else torch.randn(2, 5, cols, dtype=dtype)
+        copy = kernel._fixed(t, "aligned")
+        assert torch.equal(copy, t)
+        assert copy.stride(2) == 1 and (copy.stride(1) * copy.element_size()) % 16 == 0
+        assert (copy.stride(0) * copy.element_size()) % 16 == 0
+        assert kernel._tma_compatible(copy, traced=False)
+    assert kernel._operand_fix(torch.randn(1, 4, 6)[:, :, ::2], align=False) == "contiguous"
+    assert kernel._operand_fix(torch.randn(1, 4, 7), align=False) == ""

@@ -188,9 +188,10 @@ def _store_tile(
     stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
     alpha, beta,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64_INDEX: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    TMA_STORE: tl.constexpr,
 ):
-    """C tile = alpha * acc + beta * bias, rounded to C's dtype; nothing past M, N written."""
+    """C tile = alpha * acc + beta * bias, rounded to C's dtype; nothing past M, N written
+    (a tensor descriptor clips the edges, masked stores otherwise)."""
     m0 = tile_m * BLOCK_M
     n0 = tile_n * BLOCK_N
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -208,7 +209,7 @@ def _store_tile(
         bias = tl.load(bias_ptrs, mask=in_m[:, None] & in_n[None, :], other=0.0)
         acc += beta * bias.to(tl.float32)
     c = acc.to(c_ptr.dtype.element_ty)
-    if USE_TMA:
+    if TMA_STORE:
         c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, BLOCK_N])
         c_desc.store([m0, n0], c)
     else:
@@ -242,6 +243,7 @@ def ws_matmul_kernel(
     WORK_STEALING: tl.constexpr, RESET_COUNTERS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
+    TMA_STORE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -281,7 +283,7 @@ def ws_matmul_kernel(
             _store_tile(
                 acc, c_ptr, bias_ptr, batch, tile_m, tile_n, M, N,
                 stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
-                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, USE_TMA,
+                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE,
             )
         if tile_counts_ptr is not None:
             tl.atomic_add(tile_counts_ptr + unit, 1, sem="relaxed")
@@ -430,7 +432,8 @@ def launch(
     """Launch the kernel on already checked, non-empty 3-D operands. Returns what the launch
     gave (eagerly on a GPU, Triton's compiled kernel) and the kernel's arguments by name.
 
-    use_tma: None picks tensor descriptors wherever the device and the layouts allow them.
+    use_tma: None loads through tensor descriptors wherever the device and A's and B's
+    layouts allow them; C is then stored through one too if its layout allows.
     reset_counters: the last program zeroes the counters, so the buffer can be reused.
     """
     batches, m, k = a.shape
@@ -449,11 +452,12 @@ def launch(
     operands = [t for t in (a, b, c, bias) if t is not None]
     fp32 = a.dtype == torch.float32
     traced = is_fake(a)
-    tma_ok = all(_tma_compatible(t, traced) for t in (a, b, c))
+    tma_ok = _tma_compatible(a, traced) and _tma_compatible(b, traced)
     if use_tma is None:
         use_tma = devices.has_tma(a.device) and tma_ok and not (traced and _cpp_launches())
     elif use_tma and not tma_ok:
         raise ValueError("use_tma=True needs 16-byte aligned operands with a unit stride")
+    tma_store = use_tma and _tma_compatible(c, traced)
     if use_tma and a.device.type == "cuda":
         triton.set_allocator(_descriptor_scratch)
     partials = None
@@ -478,6 +482,7 @@ def launch(
         use_tma=use_tma,
         a_row_major=use_tma and a.stride(2) == 1,
         b_row_major=use_tma and b.stride(2) == 1,
+        tma_store=tma_store,
     )
     return kernel[(num_programs,)](**args, num_warps=config.num_warps, num_stages=config.num_stages), args
 
@@ -485,7 +490,7 @@ def launch(
 def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, *, sizes, strides, alpha,
                      beta, config: TileConfig, num_shards: int, work_stealing: bool,
                      reset_counters: bool, tf32: bool, int64_index: bool, use_tma: bool,
-                     a_row_major: bool, b_row_major: bool) -> dict:
+                     a_row_major: bool, b_row_major: bool, tma_store: bool) -> dict:
     """ws_matmul_kernel's arguments by name, in its order, for the eager launch here and the
     launch that routing.py writes into Inductor's generated code (operands are IR nodes there).
 
@@ -510,6 +515,7 @@ def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, *, sizes, s
         INPUT_PRECISION="tf32" if tf32 else "ieee",
         INT64_INDEX=int64_index,
         USE_TMA=use_tma, A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major,
+        TMA_STORE=tma_store,
     )
 
 
@@ -554,9 +560,11 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
                           schedule=schedule, use_tma=use_tma).to(torch.bfloat16)
     batched = a.dim() == 3
     a3, b3 = (a, b) if batched else (a.unsqueeze(0), b.unsqueeze(0))
-    a3, b3 = _unit_stride(a3), _unit_stride(b3)
     batches, m, k = a3.shape
     n = b3.shape[2]
+    align = use_tma is None and devices.has_tma(a.device) and _aligning_pays(a3, b3)
+    fix_a, fix_b = _operand_fix(a3, align), _operand_fix(b3, align)
+    a3, b3 = _fixed(a3, fix_a), _fixed(b3, fix_b)
     c = torch.empty((batches, m, n) if batched else (m, n), dtype=a.dtype, device=a.device)
     if c.numel() == 0:
         return c
@@ -588,7 +596,7 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
             kernel=compiled, args=[args[name] for name in ws_matmul_kernel.arg_names],
             out_shape=c.shape, grid=num_programs, counters_numel=numel,
             partials_numel=args["partials_ptr"].numel() if config.split_k > 1 else 0,
-            copy_a=a3.data_ptr() != a.data_ptr(), copy_b=b3.data_ptr() != b.data_ptr(),
+            fix_a=fix_a, fix_b=fix_b,
             has_bias=bias is not None, uses_tma=args["USE_TMA"],
         ))
     return c
@@ -612,8 +620,8 @@ class _Plan:
     grid: int
     counters_numel: int
     partials_numel: int
-    copy_a: bool  # the operand has no unit stride: copied to row-major first
-    copy_b: bool
+    fix_a: str  # _operand_fix's answer: how each operand is copied first, if at all
+    fix_b: str
     has_bias: bool
     uses_tma: bool
 
@@ -665,8 +673,8 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
     device = a.device
     with torch.cuda._DeviceGuard(device.index):
         args = plan.args.copy()
-        args[_SLOT["a_ptr"]] = a.contiguous() if plan.copy_a else a
-        args[_SLOT["b_ptr"]] = b.contiguous() if plan.copy_b else b
+        args[_SLOT["a_ptr"]] = _fixed(a, plan.fix_a) if plan.fix_a else a
+        args[_SLOT["b_ptr"]] = _fixed(b, plan.fix_b) if plan.fix_b else b
         c = args[_SLOT["c_ptr"]] = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
         args[_SLOT["bias_ptr"]] = bias if plan.has_bias else None
         args[_SLOT["counters_ptr"]] = _reusable_counters(device, plan.counters_numel)
@@ -684,13 +692,37 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
     return c
 
 
-def _has_unit_stride(t: torch.Tensor) -> bool:
-    return t.stride(-1) == 1 or t.stride(-2) == 1
+# A copy that aligns an operand's rows for tensor descriptors reads and writes it once; it
+# pays when the GEMM does at least this many FLOPs per byte copied (pointer loads of rows
+# not 16-byte aligned ran 3-20x slower than descriptors on the H200: RESULTS.md).
+ALIGN_MIN_FLOPS_PER_BYTE = 200
 
 
-def _unit_stride(t: torch.Tensor) -> torch.Tensor:
-    """Row- and column-major operands (and their transposed views) load as they are; any
-    other layout would make every load a gather, so it is copied to row-major once."""
-    if _has_unit_stride(t):
-        return t
-    return t.contiguous()
+def _aligning_pays(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """For (B, M, K) and (B, K, N) operands, not while tracing (no data to copy yet)."""
+    if is_fake(a):
+        return False
+    batches, m, k = a.shape
+    n = b.shape[2]
+    copied_bytes = 2 * a.element_size() * batches * (m * k + k * n)
+    return 2 * batches * m * n * k >= ALIGN_MIN_FLOPS_PER_BYTE * copied_bytes
+
+
+def _operand_fix(t: torch.Tensor, align: bool) -> str:
+    """How an operand is passed: as it is (""), copied into rows padded to 16 bytes
+    ("aligned", when aligning pays and descriptors cannot read it as it is), or copied to
+    row-major ("contiguous": with no unit stride every load would be a gather)."""
+    if align and not _tma_compatible(t, traced=False):
+        return "aligned"
+    return "" if t.stride(-1) == 1 or t.stride(-2) == 1 else "contiguous"
+
+
+def _fixed(t: torch.Tensor, fix: str) -> torch.Tensor:
+    if fix == "aligned":
+        per_16_bytes = 16 // t.element_size()
+        cols = t.shape[-1]
+        padded = t.new_empty(*t.shape[:-1], -(-cols // per_16_bytes) * per_16_bytes)
+        return padded[..., :cols].copy_(t)
+    if fix == "contiguous":
+        return t.contiguous()
+    return t

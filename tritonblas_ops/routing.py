@@ -308,7 +308,7 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
         work_stealing=True, reset_counters=False,
         tf32=dtype == torch.float32 and tf32_enabled(),
         int64_index=not fits_int32,
-        use_tma=False, a_row_major=False, b_row_major=False,
+        use_tma=False, a_row_major=False, b_row_major=False, tma_store=False,
     )
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
