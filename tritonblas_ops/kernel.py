@@ -240,7 +240,7 @@ def ws_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
     NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr,
-    WORK_STEALING: tl.constexpr, RESET_COUNTERS: tl.constexpr,
+    WORK_STEALING: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
     TMA_STORE: tl.constexpr,
@@ -252,8 +252,7 @@ def ws_matmul_kernel(
     # Work units: each tile's K slices, numbered next to each other (claimed close in time).
     num_units = tiles_m * tiles_n * num_batches * SPLIT_K
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-    done_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
-    arrivals_ptr = done_ptr + COUNTER_STRIDE
+    arrivals_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
 
     home_shard = pid % NUM_SHARDS
     dry_shards = 0
@@ -293,16 +292,6 @@ def ws_matmul_kernel(
         else:
             unit += num_programs
             unit = tl.where(unit < num_units, unit, -1)
-
-    if RESET_COUNTERS:
-        # The last program out zeroes the claim counters, so the buffer can serve the next
-        # launch with no memset. Each program counts itself out after its last claim, so
-        # by then no program will touch a counter again in this launch.
-        finished = tl.atomic_add(done_ptr, 1, sem="acq_rel")
-        if finished == num_programs - 1:
-            for shard in tl.static_range(NUM_SHARDS):
-                tl.store(counters_ptr + shard * COUNTER_STRIDE, 0)
-            tl.store(done_ptr, 0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -395,11 +384,10 @@ def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.
 
 
 def counter_elements(num_shards: int, num_tiles: int, split_k: int) -> int:
-    """int32 counters one launch uses, each zero at launch: a claim counter per shard and a
-    count of finished programs, each on its own COUNTER_STRIDE line, then for split-K an
-    arrival counter per tile. A launch leaves the arrival counters at zero again, and with
-    reset_counters the others too."""
-    return (num_shards + 1) * devices.COUNTER_STRIDE + (num_tiles if split_k > 1 else 0)
+    """int32 counters one launch uses, each zero at launch: a claim counter per shard, each
+    on its own COUNTER_STRIDE line, then for split-K an arrival counter per tile (which the
+    launch leaves at zero again)."""
+    return num_shards * devices.COUNTER_STRIDE + (num_tiles if split_k > 1 else 0)
 
 
 def _cpp_launches() -> bool:
@@ -427,14 +415,12 @@ def launch(
     schedule: Schedule = Schedule.WORK_STEALING,
     use_tma: bool | None = None,
     tile_counts: torch.Tensor | None = None,
-    reset_counters: bool = False,
 ):
     """Launch the kernel on already checked, non-empty 3-D operands. Returns what the launch
     gave (eagerly on a GPU, Triton's compiled kernel) and the kernel's arguments by name.
 
     use_tma: None loads through tensor descriptors wherever the device and A's and B's
     layouts allow them; C is then stored through one too if its layout allows.
-    reset_counters: the last program zeroes the counters, so the buffer can be reused.
     """
     batches, m, k = a.shape
     n = b.shape[2]
@@ -476,7 +462,6 @@ def launch(
         strides=(a.stride(), b.stride(), c.stride(), bias.stride() if bias is not None else (0, 0)),
         alpha=alpha, beta=beta, config=config, num_shards=num_shards,
         work_stealing=schedule is Schedule.WORK_STEALING,
-        reset_counters=reset_counters,
         tf32=fp32 and tf32_enabled(),
         int64_index=max(_max_offset(t) for t in operands) >= 2**31 - 1,
         use_tma=use_tma,
@@ -489,7 +474,7 @@ def launch(
 
 def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, *, sizes, strides, alpha,
                      beta, config: TileConfig, num_shards: int, work_stealing: bool,
-                     reset_counters: bool, tf32: bool, int64_index: bool, use_tma: bool,
+                     tf32: bool, int64_index: bool, use_tma: bool,
                      a_row_major: bool, b_row_major: bool, tma_store: bool) -> dict:
     """ws_matmul_kernel's arguments by name, in its order, for the eager launch here and the
     launch that routing.py writes into Inductor's generated code (operands are IR nodes there).
@@ -511,7 +496,7 @@ def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, *, sizes, s
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         GROUP_M=config.group_m, SPLIT_K=config.split_k,
         NUM_SHARDS=num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
-        WORK_STEALING=work_stealing, RESET_COUNTERS=reset_counters,
+        WORK_STEALING=work_stealing,
         INPUT_PRECISION="tf32" if tf32 else "ieee",
         INT64_INDEX=int64_index,
         USE_TMA=use_tma, A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major,
@@ -549,8 +534,8 @@ def ws_matmul(
 
 def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, schedule, use_tma,
                plan_key=None):
-    """ws_matmul, every decision made from the shapes; with `plan_key`, the launch reuses a
-    counter buffer and what it decided is kept under the key for _cached_launch."""
+    """ws_matmul, every decision made from the shapes; with `plan_key`, what it decided is
+    kept under the key for _cached_launch."""
     if a.device.type == "cpu" and a.dtype == torch.bfloat16:
         # The interpreter's bf16 tl.dot multiplies raw bits. bf16 products are exact in
         # fp32, so fp32 operands give what the GPU's bf16 dot would.
@@ -580,20 +565,20 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
     tiles = num_tiles(m, n, batches, config)
     if num_programs is None:
         num_programs = min(devices.num_compute_units(a.device), tiles * config.split_k)
-    reuse = plan_key is not None  # a counter buffer kept per stream, zeroed by the kernel
+    numel = counter_elements(num_shards, tiles, config.split_k)
+    counters = torch.zeros(numel, dtype=torch.int32, device=a.device)
     # Triton launches on the current device, and descriptor scratch is allocated there.
     guard = torch.cuda._DeviceGuard(a.device.index) if a.is_cuda else contextlib.nullcontext()
     with guard:
-        numel = counter_elements(num_shards, tiles, config.split_k)
-        counters = (_reusable_counters(a.device, numel) if reuse else
-                    torch.zeros(numel, dtype=torch.int32, device=a.device))
         compiled, args = launch(a3, b3, c if batched else c.unsqueeze(0), bias, alpha, beta,
                                 counters, config=config, num_shards=num_shards,
-                                num_programs=num_programs, schedule=schedule, use_tma=use_tma,
-                                reset_counters=reuse)
-    if reuse:
+                                num_programs=num_programs, schedule=schedule, use_tma=use_tma)
+    if plan_key is not None:
+        # The plan keeps no tensor: operands, output and buffers are the call's own.
+        kept = [None if isinstance(value, torch.Tensor) else value
+                for value in (args[name] for name in ws_matmul_kernel.arg_names)]
         _remember(plan_key, _Plan(
-            kernel=compiled, args=[args[name] for name in ws_matmul_kernel.arg_names],
+            kernel=compiled, args=kept,
             out_shape=c.shape, grid=num_programs, counters_numel=numel,
             partials_numel=args["partials_ptr"].numel() if config.split_k > 1 else 0,
             fix_a=fix_a, fix_b=fix_b,
@@ -605,7 +590,7 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
 # ---------------------------------------------------------------------------------------
 # The cached eager launch: an eager call with the default knobs looks up what the shapes
 # decided on the first call with that key and launches Triton's compiled kernel directly,
-# skipping Triton's argument binding (~30 us) and the counter memset.
+# skipping Triton's argument binding (~30 us a call on the H200).
 # ---------------------------------------------------------------------------------------
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # not fake, not functional
@@ -627,7 +612,6 @@ class _Plan:
 
 
 _plans: dict = {}
-_counter_buffers: dict = {}
 _SLOT = {name: i for i, name in enumerate(ws_matmul_kernel.arg_names)}
 
 
@@ -649,20 +633,6 @@ def _remember(key: tuple, plan: _Plan) -> None:
     _plans[key] = plan
 
 
-def _reusable_counters(device: torch.device, numel: int) -> torch.Tensor:
-    """A zeroed counter buffer kept per stream: the kernel zeroes it again before it ends,
-    and launches on one stream never overlap. While a CUDA graph is being captured, a fresh
-    one: the graph's replays may run on any stream, beside eager launches."""
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(numel, dtype=torch.int32, device=device)
-    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
-    buffer = _counter_buffers.get(key)
-    if buffer is None or buffer.numel() < numel:
-        buffer = torch.zeros(numel, dtype=torch.int32, device=device)
-        _counter_buffers[key] = buffer
-    return buffer
-
-
 def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
     key = _plan_key(a, b, bias, alpha, beta)
     plan = _plans.get(key)
@@ -677,7 +647,7 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
         args[_SLOT["b_ptr"]] = _fixed(b, plan.fix_b) if plan.fix_b else b
         c = args[_SLOT["c_ptr"]] = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
         args[_SLOT["bias_ptr"]] = bias if plan.has_bias else None
-        args[_SLOT["counters_ptr"]] = _reusable_counters(device, plan.counters_numel)
+        args[_SLOT["counters_ptr"]] = torch.zeros(plan.counters_numel, dtype=torch.int32, device=device)
         if plan.partials_numel:
             args[_SLOT["partials_ptr"]] = torch.empty(plan.partials_numel, dtype=torch.float32,
                                                       device=device)

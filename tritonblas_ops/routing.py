@@ -305,7 +305,7 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
         sizes=(m, n, k, batches),
         strides=(strides(a), strides(b), strides(c), bias_strides),
         alpha=_scalar(alpha), beta=_scalar(beta), config=config, num_shards=num_shards,
-        work_stealing=True, reset_counters=False,
+        work_stealing=True,
         tf32=dtype == torch.float32 and tf32_enabled(),
         int64_index=not fits_int32,
         use_tma=False, a_row_major=False, b_row_major=False, tma_store=False,

@@ -48,7 +48,7 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> No
 
 def assert_every_program_drained_every_shard(counters: torch.Tensor, num_units: int,
                                              num_shards: int, num_programs: int) -> None:
-    """After a work-stealing launch without reset_counters, each shard's counter holds its
+    """After a work-stealing launch, each shard's counter holds its
     work-unit count plus one failed claim per program (every program visits every shard once
     it is dry), the padding between counters is untouched (no claim went astray or out of
     bounds), and every split-K arrival counter is back at zero."""
@@ -59,4 +59,4 @@ def assert_every_program_drained_every_shard(counters: torch.Tensor, num_units: 
     used = counters[: num_shards * COUNTER_STRIDE].view(num_shards, COUNTER_STRIDE)
     assert used[:, 0].tolist() == [size + num_programs for size in shard_sizes]
     assert (used[:, 1:] == 0).all(), "an atomic hit the padding between counters"
-    assert (counters[(num_shards + 1) * COUNTER_STRIDE:] == 0).all(), "an arrival counter was left set"
+    assert (counters[num_shards * COUNTER_STRIDE:] == 0).all(), "an arrival counter was left set"
