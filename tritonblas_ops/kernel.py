@@ -1,16 +1,19 @@
 """The work-stealing persistent GEMM: C[b] = alpha * A[b] @ B[b] + beta * bias.
 
-One program per SM/CU. Output tiles (every batch's, in one queue) are numbered 0..T-1 in
-GROUP_M-swizzled order and split into NUM_SHARDS contiguous shards, each with an atomic
-counter. Program p starts on shard p % NUM_SHARDS (on AMD that is its XCD, so its tiles stay
-in that XCD's L2), claims tiles there until the shard is dry, then steals from the other
-shards in order. Every tile is computed exactly once, by whichever program claims it, for
-any grid size and however many programs actually run (other kernels may hold SMs).
+One program per SM/CU. The work units (every batch's output tiles, in one queue, and with
+split-K each tile's K slices) are numbered 0..U-1 in GROUP_M-swizzled tile order and split
+into NUM_SHARDS contiguous shards, each with an atomic counter. Program p starts on shard
+p % NUM_SHARDS (on AMD that is its XCD, so its tiles stay in that XCD's L2), claims units
+there until the shard is dry, then steals from the other shards in order. Every unit is
+computed exactly once, by whichever program claims it, for any grid size and however many
+programs actually run (other kernels may hold SMs).
 
-Each tile runs its whole K loop in one program, in a fixed order: results are bitwise
-reproducible whatever the schedule.
+Each unit runs its K range in one program, in a fixed order; with split-K the tile's last
+slice to arrive sums the fp32 partials in slice order. Results are bitwise reproducible
+whatever the schedule.
 
-Reads top to bottom: tile-index helpers, the tile body, the persistent loop, the launcher.
+Reads top to bottom: work-unit helpers, the tile body (product, split-K sum, epilogue), the
+persistent loop, the launcher, and the cached eager launch.
 """
 
 import contextlib
@@ -37,7 +40,7 @@ class Schedule(enum.Enum):
 
 
 # ---------------------------------------------------------------------------------------
-# Tile-index helpers
+# Work-unit helpers
 # ---------------------------------------------------------------------------------------
 
 
@@ -390,16 +393,6 @@ def counter_elements(num_shards: int, num_tiles: int, split_k: int) -> int:
     return num_shards * devices.COUNTER_STRIDE + (num_tiles if split_k > 1 else 0)
 
 
-def _cpp_launches() -> bool:
-    """Whether Inductor is generating C++ that launches the kernel (AOTInductor, or
-    cpp_wrapper). Those launchers are given no scratch memory for device-side tensor
-    descriptors: with TMA, AOTInductor's package crashed on the H200 (RESULTS.md)."""
-    from torch._inductor import config as inductor_config
-    from torch._inductor.virtualized import V
-
-    return V.aot_compilation or inductor_config.cpp_wrapper
-
-
 def launch(
     a: torch.Tensor,  # (B, M, K)
     b: torch.Tensor,  # (B, K, N)
@@ -440,7 +433,7 @@ def launch(
     traced = is_fake(a)
     tma_ok = _tma_compatible(a, traced) and _tma_compatible(b, traced)
     if use_tma is None:
-        use_tma = devices.has_tma(a.device) and tma_ok and not (traced and _cpp_launches())
+        use_tma = devices.has_tma(a.device) and tma_ok
     elif use_tma and not tma_ok:
         raise ValueError("use_tma=True needs 16-byte aligned operands with a unit stride")
     tma_store = use_tma and _tma_compatible(c, traced)
