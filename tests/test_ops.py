@@ -126,3 +126,23 @@ def test_bad_input_is_refused_clearly(name, args, error, message):
 def test_bad_input_is_refused_while_tracing_too():
     with pytest.raises(RuntimeError, match="ws_mm: inner dimensions differ"):
         torch.compile(ops.ws_mm, backend="aot_eager", fullgraph=True)(M, torch.randn(6, 3))
+
+
+@pytest.mark.parametrize("name", ["ws_mm", "ws_addmm", "ws_bmm"])
+def test_real_tensors_reach_the_body_without_custom_ops_wrappers(name, monkeypatch):
+    """The body is registered straight to the CPU and CUDA keys (beside custom_op's own
+    registration, which fake, autograd and tracing still use); an eager call runs it
+    without custom_op's backend wrapper in between."""
+    for key in ("CPU", "CUDA"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"tritonblas::{name}", key)
+    from torch._library import custom_ops
+
+    def wrapper_called(*args, **kwargs):
+        raise AssertionError("custom_op's backend wrapper ran")
+
+    op = custom_ops._maybe_get_opdef(f"tritonblas::{name}")
+    monkeypatch.setattr(op, "_backend_fns", {None: wrapper_called})
+    a, b = torch.randn(2, 5, 4), torch.randn(2, 4, 3)
+    args = {"ws_mm": (a[0], b[0]), "ws_addmm": (torch.randn(3), a[0], b[0]), "ws_bmm": (a, b)}[name]
+    expected = {"ws_mm": torch.mm, "ws_addmm": torch.addmm, "ws_bmm": torch.bmm}[name](*args)
+    assert_matches(getattr(torch.ops.tritonblas, name)(*args), expected.double(), REL_TOLERANCE[torch.float32])

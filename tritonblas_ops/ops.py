@@ -116,13 +116,24 @@ def _check_bias(bias: Tensor, a: Tensor, b: Tensor) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+# Real CPU and CUDA tensors reach the op's body straight from the dispatcher: custom_op's
+# own backend registration (CompositeExplicitAutograd) wraps it in an aliasing check, a
+# dynamo guard and triton_op's wrapper, ~6 of an op call's ~15 us of host time on a CPU
+# (benchmarks/NOTES.md, step 8). Outputs are always fresh tensors, so no check is lost.
+# Everything else stays triton_op's: fake kernels, autograd, torch.compile's decomposition.
+_DIRECT_KERNELS = torch.library.Library(NAMESPACE, "IMPL")
+
+
 def _triton_op(name: str):
     """`triton_op(f"tritonblas::{name}", mutates_args=())`, adopting the op if the C++ stubs
-    already defined it; the schema torch infers from the annotations must be SCHEMAS[name]."""
+    already defined it; the schema torch infers from the annotations must be SCHEMAS[name].
+    The body is also the op's CPU and CUDA kernel (see _DIRECT_KERNELS)."""
 
     def define(fn):
         with adopt_cpp_definitions():
             op = triton_op(f"{NAMESPACE}::{name}", mutates_args=())(fn)
+        for dispatch_key in ("CPU", "CUDA"):
+            _DIRECT_KERNELS.impl(name, fn, dispatch_key)
         if defined_schema(name) != SCHEMAS[name]:
             raise RuntimeError(
                 f"{NAMESPACE}::{name}: the annotations of ops.{fn.__name__} give the schema "
