@@ -514,7 +514,11 @@ def ws_matmul(
 
     The plain Python entry point under the torch ops, with the knobs they keep at defaults:
     tile config, shard count, grid size, schedule and load path. Inputs must already be
-    valid (the ops check them); a layout with no unit stride is copied first.
+    valid (the ops check them). An operand with no unit stride is copied to row-major
+    first, and on a TMA GPU one whose rows are not 16-byte aligned is copied into aligned
+    rows when the GEMM is large enough to pay for it (_operand_fix). With the default
+    knobs on a GPU, repeated calls with one shape, layout and alignment reuse the first
+    call's decisions and compiled kernel (_cached_launch).
     """
     alpha, beta = float(alpha), float(beta)  # one kernel signature, whatever the caller passed
     default_knobs = (config is None and num_shards is None and num_programs is None
@@ -656,8 +660,8 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
 
 
 # A copy that aligns an operand's rows for tensor descriptors reads and writes it once; it
-# pays when the GEMM does at least this many FLOPs per byte copied (pointer loads of rows
-# not 16-byte aligned ran 3-20x slower than descriptors on the H200: RESULTS.md).
+# pays when the GEMM does at least this many FLOPs per byte copied (with the copies, two
+# unaligned corpus shapes ran 3x and 15x faster on the H200 than on pointer loads: NOTES.md).
 ALIGN_MIN_FLOPS_PER_BYTE = 200
 
 
