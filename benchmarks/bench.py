@@ -14,7 +14,7 @@ import pathlib
 import torch
 
 from benchmarks import contention, corpus, measure, overhead, report, results
-from benchmarks.providers import providers
+from benchmarks.providers import parse_config, providers
 
 try:
     from tqdm import tqdm
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = _run_overhead(env, dtype, device, smoke=args.smoke)
         tabulate = report.overhead_table
     else:
-        provs = providers(device, shards=args.shards, inductor=args.inductor)
+        provs = providers(device, shards=args.shards, inductor=args.inductor, configs=args.configs)
         shapes = _shapes(args)
         if args.contention is not None:
             rows = _run_contention(env, shapes, provs, args.contention, dtype, device, args)
@@ -177,6 +177,10 @@ def _parse(argv):
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--shards", type=_int_list, metavar="S,S,...",
                         help="work-stealing shard counts to sweep (rows ws_sS); default: the library's")
+    parser.add_argument("--configs", type=lambda text: [parse_config(c) for c in text.split(",")],
+                        metavar="CFG,CFG,...",
+                        help="also time work stealing with these forced tile configs, e.g. "
+                             "128x256x64w8s3k1,64x128x64w4s4k4 (rows ws_<config>)")
     parser.add_argument("--inductor", action="store_true", help="add Inductor max-autotune (slow: compiles per shape)")
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="GPU warmup per timed provider and shape")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="GPU time spent timing each provider and shape")

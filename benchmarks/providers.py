@@ -1,12 +1,14 @@
 """What the benchmark compares: each provider turns (a, b) into a call computing a @ b."""
 
 import dataclasses
+import re
 from typing import Callable
 
 import torch
 
 import tritonblas_ops
 from tritonblas_ops import device as devices
+from tritonblas_ops.config import TileConfig
 from tritonblas_ops.kernel import Schedule, ws_matmul
 
 TORCH_MM = "torch_mm"  # cuBLAS(Lt) on NVIDIA: the bar to meet
@@ -22,9 +24,11 @@ class Provider:
     num_shards: int | None = None  # work-stealing counter shards, where there are any
 
 
-def providers(device: torch.device, *, shards: list[int] | None, inductor: bool) -> list[Provider]:
+def providers(device: torch.device, *, shards: list[int] | None, inductor: bool,
+              configs: list[TileConfig] | None = None) -> list[Provider]:
     """torch.mm, the static schedule, work stealing (one row per shard count when `shards`
-    is given, else the library's default count), and optionally Inductor."""
+    is given, else the library's default count), one work-stealing row per forced tile
+    config in `configs` (to calibrate select_config), and optionally Inductor."""
     chosen = [
         Provider(TORCH_MM, lambda a, b: lambda: torch.mm(a, b)),
         Provider(STATIC, lambda a, b: lambda: ws_matmul(a, b, schedule=Schedule.STATIC)),
@@ -33,9 +37,29 @@ def providers(device: torch.device, *, shards: list[int] | None, inductor: bool)
         chosen += [_work_stealing(f"{WORK_STEALING}_s{s}", s) for s in shards]
     else:
         chosen.append(_work_stealing(WORK_STEALING, devices.default_num_shards(device)))
+    chosen += [Provider(f"{WORK_STEALING}_{config_name(c)}",
+                        lambda a, b, c=c: lambda: ws_matmul(a, b, config=c)) for c in configs or []]
     if inductor:
         chosen.append(Provider(INDUCTOR, _compile_inductor))
     return chosen
+
+
+CONFIG_PATTERN = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)k(\d+)")
+
+
+def config_name(config: TileConfig) -> str:
+    """128x256x64w8s3k2: block M x N x K, warps, pipeline stages, K slices."""
+    return (f"{config.block_m}x{config.block_n}x{config.block_k}"
+            f"w{config.num_warps}s{config.num_stages}k{config.split_k}")
+
+
+def parse_config(text: str) -> TileConfig:
+    match = CONFIG_PATTERN.fullmatch(text)
+    if match is None:
+        raise ValueError(f"tile config {text!r} is not like 128x256x64w8s3k1 (block M x N x K, "
+                         f"warps, stages, K slices)")
+    m, n, k, warps, stages, split = map(int, match.groups())
+    return TileConfig(m, n, k, num_warps=warps, num_stages=stages, split_k=split)
 
 
 def _work_stealing(name: str, num_shards: int) -> Provider:
