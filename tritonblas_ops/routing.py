@@ -12,11 +12,12 @@ the backward follow: AOTAutograd compiles it lazily, at the first .backward().
 A routed GEMM becomes one of two things, chosen by `TRITONBLAS_OPS_ROUTING_PATH`:
 - "opaque" (default): a call of torch.ops.tritonblas.ws_mm / ws_addmm / ws_bmm (an Inductor
   FallbackKernel). The op picks its launch (tile config, TMA or pointer loads, grid) at run
-  time, exactly as eagerly, but pays the op's host time per GEMM (~0.1-0.2 ms on the H200).
+  time, exactly as eagerly, but pays the op's host time per GEMM (~80 us on the H200).
 - "inline": the kernel itself, a user-defined Triton kernel in the generated code, as
   `wrap_triton` would put it there: no Python op call per GEMM, and Inductor allocates the
   output and the zeroed counters as its own buffers. It always uses pointer loads (TMA needs
-  the operands' base alignment, which the lowering cannot see without a guard). Both forms
+  the operands' base alignment, which the lowering cannot see without a guard) and whole-K
+  tiles (split-K's workspace is sized by the tile count, which may be symbolic). Both forms
   pass the GPU tests on the H200; inline ran a compiled Llama block 2x faster than opaque
   but still slower than Inductor's own GEMMs (benchmarks/RESULTS.md). Make it the default
   once it uses TMA and beats opaque across the corpus.
