@@ -11,11 +11,11 @@ from torch.library import opcheck
 
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops import kernel
-from tritonblas_ops.config import num_tiles, select_config
-from tritonblas_ops.kernel import Schedule, counter_elements, launch, ws_matmul
+from tritonblas_ops.config import select_config
+from tritonblas_ops.kernel import Schedule, ws_matmul
 from tritonblas_ops.testing import (
     REL_TOLERANCE,
-    assert_every_program_drained_every_shard,
+    assert_every_unit_computed_once,
     assert_matches,
     matmul_ref,
 )
@@ -94,17 +94,8 @@ def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule, sp
     a = torch.randn(batches, m, k, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(batches, k, n, dtype=torch.bfloat16, device="cuda")
     config = dataclasses.replace(select_config(m, n, k, batches, a.dtype, a.device), split_k=split_k)
-    units = num_tiles(m, n, batches, config) * split_k
-    unit_counts = torch.zeros(units, dtype=torch.int32, device="cuda")
-    counters = torch.zeros(counter_elements(num_shards, units // split_k, split_k),
-                           dtype=torch.int32, device="cuda")
-    out = torch.full((batches, m, n), float("nan"), dtype=a.dtype, device="cuda")
-    launch(a, b, out, None, 1.0, 1.0, counters, config=config, num_shards=num_shards,
-           num_programs=num_programs, schedule=schedule, tile_counts=unit_counts)
-    assert (unit_counts == 1).all(), f"unit counts {unit_counts.unique(return_counts=True)}"
-    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
-    if schedule is Schedule.WORK_STEALING:
-        assert_every_program_drained_every_shard(counters, units, num_shards, num_programs)
+    assert_every_unit_computed_once(a, b, config, num_shards=num_shards, num_programs=num_programs,
+                                    schedule=schedule, tolerance=REL_TOLERANCE[torch.bfloat16])
 
 
 @pytest.mark.parametrize("m,n,k", [(16, 4096, 4096), (128, 8192, 8192), (256, 512, 32768),
