@@ -579,7 +579,7 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
             out_shape=c.shape, grid=num_programs, counters_numel=numel,
             partials_numel=args["partials_ptr"].numel() if config.split_k > 1 else 0,
             fix_a=fix_a, fix_b=fix_b,
-            has_bias=bias is not None, uses_tma=args["USE_TMA"],
+            has_bias=bias is not None,
         ))
     return c
 
@@ -605,7 +605,6 @@ class _Plan:
     fix_a: str  # _operand_fix's answer: how each operand is copied first, if at all
     fix_b: str
     has_bias: bool
-    uses_tma: bool
 
 
 _plans: dict = {}
@@ -649,7 +648,7 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
             args[_SLOT["partials_ptr"]] = torch.empty(plan.partials_numel, dtype=torch.float32,
                                                       device=device)
         args[_SLOT["alpha"]], args[_SLOT["beta"]] = alpha, beta
-        if plan.uses_tma:
+        if args[_SLOT["USE_TMA"]]:
             triton.set_allocator(_descriptor_scratch)
         kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
         enter_hook = knobs.runtime.launch_enter_hook
