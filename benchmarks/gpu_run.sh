@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [deploy] [bench] [contention] [overhead] [block] [overlap] [dtypes]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [deploy] [sweep] [bench] [contention] [overhead] [block] [overlap] [dtypes]
 # Rough times on the H200: tests ~4 min, deploy ~4 min (AOTInductor compiles), bench ~1 min,
-# contention ~1 min, the rest under a minute each; one device call may run 10 minutes.
+# contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest under a minute each; one device call may run 10 minutes.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,18 @@ has tests && timeout ${TESTS_TIMEOUT:-360} python3 -m pytest tests -m gpu -q -p 
   $(for t in $deploy_tests; do echo --ignore=$t; done) 2>&1 | grep -v "^DEBUG" | tee "$OUT/gpu_tests.log" | tail -15
 has deploy && timeout ${DEPLOY_TIMEOUT:-300} python3 -m pytest $deploy_tests -m gpu -q -p no:cacheprovider -rfEs \
   2>&1 | grep -v "^DEBUG" | tee "$OUT/deploy_tests.log" | tail -15
+if has sweep; then  # select_config's calibration: forced tile configs beside its choice
+  sweep() { python3 -m benchmarks.bench --warmup-ms 10 --rep-ms 40 --shapes "$1" --configs "$2" \
+              --out "$OUT/h200_sweep.csv" 2>&1 | grep -v "^DEBUG" | tee -a "$OUT/sweep.log" | tail -${3:-40}; }
+  sweep 4096x4096x4096,8192x8192x8192,4096x14336x4096,4864x8192x4160,2048x14336x4096 \
+    128x256x64w8s3k1e,128x256x64w8s4k1e,128x128x64w8s4k1
+  sweep 1000x1000x1000,1024x1024x1024,2048x2048x2048,3000x5000x2000,2049x1023x777 \
+    128x128x64w4s4k1,128x128x64w8s4k1,64x128x64w4s4k1,128x64x64w4s4k1,64x64x64w4s4k1,128x256x64w8s3k1,128x128x64w4s4k2
+  sweep 256x512x32768,1024x1024x16384,128x8192x8192,64x8192x8192 \
+    128x128x64w4s4k4,128x128x64w4s4k8,128x128x64w4s4k16,64x128x64w4s4k4,64x128x64w4s4k8,128x64x64w4s4k8,128x256x64w8s3k2,128x256x64w8s3k4
+  sweep 1x28672x8192,1x14336x4096,16x14336x4096,16x28672x8192,16x4096x4096,1x8192x28672,16x4096x14336 \
+    128x16x128w4s5k1t,128x16x128w4s5k2t,128x16x128w4s4k4t,128x16x64w4s8k1t,128x32x128w4s4k1t,64x128x128w4s4k1,64x128x64w4s4k1
+fi
 has bench && python3 -m benchmarks.bench --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has contention && python3 -m benchmarks.bench --contention 0,8,20,33,66 --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/contention.log" | tail -12
 has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/overhead.log" | tail -6

@@ -12,10 +12,10 @@ from benchmarks.providers import config_name, parse_config
 
 def test_smoke_run_writes_a_row_per_shape_and_provider(tmp_path):
     out = tmp_path / "smoke.csv"
-    bench.main(["--smoke", "--configs", "16x16x16w4s1k1,16x32x16w4s1k3", "--out", str(out)])
+    bench.main(["--smoke", "--configs", "16x16x16w4s1k1,16x32x16w4s1k3t", "--out", str(out)])
     rows = list(csv.DictReader(out.open()))
     providers = {row["provider"] for row in rows}
-    assert providers == {"torch_mm", "static", "ws", "ws_16x16x16w4s1k1", "ws_16x32x16w4s1k3"}
+    assert providers == {"torch_mm", "static", "ws", "ws_16x16x16w4s1k1", "ws_16x32x16w4s1k3t"}
     assert len(rows) == 2 * len(providers)  # the smoke corpus has two shapes
     assert all(row["dtype"] == "bfloat16" for row in rows)  # the harness's default
     assert all(float(row["rel_err"]) <= measure.TOLERANCE[torch.bfloat16] for row in rows)
@@ -27,5 +27,9 @@ def test_config_names_round_trip_and_bad_ones_are_refused():
     assert (config.block_m, config.block_n, config.block_k, config.num_warps, config.num_stages,
             config.split_k) == (128, 256, 64, 8, 3, 2)
     assert config_name(config) == "128x256x64w8s3k2"
+    config = parse_config("128x16x128w4s5k2t")
+    assert config.swap_ab and not config.epilogue_subtile and config_name(config) == "128x16x128w4s5k2t"
+    config = parse_config("128x256x64w8s4k1e")
+    assert config.epilogue_subtile and not config.swap_ab and config_name(config) == "128x256x64w8s4k1e"
     with pytest.raises(ValueError, match="is not like 128x256x64w8s3k1"):
         parse_config("128x256")

@@ -117,6 +117,21 @@ def test_split_k_shapes_the_selector_splits(m, n, k):
         assert torch.equal(ws_matmul(a, b, config=config), first)
 
 
+@pytest.mark.parametrize("precision", list(DTYPES), indirect=True)
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_decode_shapes_run_transposed(m, precision):
+    """M <= 16 runs as C^T = B^T @ A^T (swap_ab): right with a bias, for both layouts of each
+    operand and a ragged N, on the first launch and the cached ones, bitwise the same."""
+    dtype = DTYPES[precision]
+    assert select_config(m, 4000, 4096, 1, dtype, torch.device("cuda")).swap_ab
+    for a_t, b_t in [(False, False), (True, True), (False, True)]:
+        a, b = operand(m, 4096, dtype, a_t), operand(4096, 4000, dtype, b_t)
+        bias = torch.randn(4000, dtype=dtype, device="cuda")
+        outs = [torch.ops.tritonblas.ws_addmm(bias, a, b, beta=0.5) for _ in range(3)]
+        assert_matches(outs[0], matmul_ref(a, b, bias, beta=0.5), tolerance(precision))
+        assert all(torch.equal(out, outs[0]) for out in outs[1:]), (a_t, b_t)
+
+
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True)])
 @pytest.mark.parametrize("m,n,k,batches", [(4095, 4097, 4093, 1), (2049, 1023, 777, 1), (1000, 1000, 1001, 3)])
 def test_unaligned_operands_are_copied_aligned_for_descriptors(m, n, k, batches, a_t, b_t):

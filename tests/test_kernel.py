@@ -62,6 +62,9 @@ def test_tensor_descriptor_path_matches_reference(m, n, k, a_t, b_t, dtype):
     a3, b3 = torch.randn(3, m, k, dtype=dtype), torch.randn(3, k, n, dtype=dtype)
     out = ws_matmul(a3, b3, config=SMALL, num_programs=5, use_tma=True)
     assert_matches(out, matmul_ref(a3, b3), REL_TOLERANCE[dtype])
+    halves = dataclasses.replace(SMALL, epilogue_subtile=True)  # C stored in two pieces
+    out = ws_matmul(a3, b3, config=halves, num_programs=5, use_tma=True)
+    assert_matches(out, matmul_ref(a3, b3), REL_TOLERANCE[dtype])
 
 
 def test_tensor_descriptors_refused_on_unaligned_strides():
@@ -211,8 +214,39 @@ def test_config_selector_splits_k_only_below_a_wave(dtype, monkeypatch):
         config = select_config(m, n, k, 1, dtype, gpu)
         assert config.split_k > 1, (m, n, k)
         assert k // config.split_k >= configs.MIN_K_PER_SPLIT
-        assert num_tiles(m, n, 1, config) * config.split_k <= 2 * 132
+        tiles = num_tiles(n, m, 1, config) if config.swap_ab else num_tiles(m, n, 1, config)
+        assert tiles * config.split_k <= 2 * 132
+        assert not select_config(m, n, k, 1, dtype, gpu, allow_split_k=False).split_k > 1
     assert select_config(16, 4096, 300, 1, dtype, gpu).split_k == 1  # K too short to split
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_config_selector_swaps_operands_only_for_a_few_rows(dtype, monkeypatch):
+    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    for m in (1, 7, configs.SWAP_MAX_M):
+        config = select_config(m, 14336, 4096, 1, dtype, gpu)
+        assert config.swap_ab and config.block_n >= m, m
+        assert not select_config(m, 14336, 4096, 1, dtype, gpu, allow_swap_ab=False).swap_ab
+    assert not select_config(configs.SWAP_MAX_M + 1, 14336, 4096, 1, dtype, gpu).swap_ab
+    assert not select_config(8, 8, 4096, 1, dtype, gpu).swap_ab  # N no wider than M
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("a_t,b_t", list(itertools.product([False, True], repeat=2)))
+def test_swapped_operands_match_the_reference(a_t, b_t, split_k):
+    """swap_ab launches C^T = B^T @ A^T: the same result for every layout, with split-K, a
+    bias broadcast either way, batches, and tensor descriptors where the layout allows."""
+    config = dataclasses.replace(SMALL, swap_ab=True, split_k=split_k)
+    tol = REL_TOLERANCE[torch.float32]
+    a, b = operand(5, 50, torch.float32, a_t), operand(50, 70, torch.float32, b_t)
+    for bias in [torch.randn(70), torch.randn(5, 1), torch.randn(5, 70)]:
+        out = ws_matmul(a, b, bias, alpha=0.5, beta=-2.0, config=config, num_programs=3)
+        assert_matches(out, matmul_ref(a, b, bias, alpha=0.5, beta=-2.0), tol)
+    a3, b3 = torch.randn(3, 9, 40), torch.randn(3, 40, 24)
+    for use_tma in (False, True):
+        out = ws_matmul(a3, b3, config=config, num_programs=4, use_tma=use_tma)
+        assert_matches(out, matmul_ref(a3, b3), tol)
 
 
 @pytest.mark.parametrize("transposed", [False, True])

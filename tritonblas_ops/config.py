@@ -18,6 +18,13 @@ class TileConfig:
     # K slices per output tile. Above 1 each slice is a work unit of its own; its fp32
     # partial goes to a workspace and the last slice to arrive sums them in slice order.
     split_k: int = 1
+    # Solve C^T = B^T @ A^T instead (ws_matmul transposes the operands before the launch):
+    # for M <= 16 the output's few rows become a narrow tile's columns, and the weight
+    # streams through the wide side instead of filling a 64-row tile with padding.
+    swap_ab: bool = False
+    # Store C's tile in two half-width pieces (tensor-descriptor stores only): half the
+    # shared memory for staging C, room for one more pipeline stage.
+    epilogue_subtile: bool = False
     # Throughput of one SM with this tile, relative to the best tile (select_config's model).
     efficiency: float = dataclasses.field(default=1.0, compare=False)
 
@@ -36,6 +43,13 @@ FP32_CONFIGS = (  # efficiencies assumed like the 16-bit ones of the same shape
     TileConfig(128, 128, 32, num_warps=8, num_stages=3, efficiency=1.0),
     TileConfig(64, 128, 32, num_warps=4, num_stages=4, efficiency=0.66),
 )
+
+# For M <= SWAP_MAX_M (decode-like GEMMs, bound by streaming B) the problem is solved
+# transposed: B^T's N rows fill the tiles' 128 rows and M fits one 16-column tile; small
+# tiles leave shared memory for deep pipelines of long K steps, keeping more of B in flight.
+SWAP_MAX_M = 16
+HALF_SWAPPED_CONFIGS = (TileConfig(128, 16, 128, num_warps=4, num_stages=5, swap_ab=True),)
+FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_ab=True),)
 
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_K_PER_SPLIT = 256  # shorter slices spend more on the pipeline's fill than on the dot
@@ -66,17 +80,24 @@ def _modeled_cost(m: int, n: int, k: int, batches: int, config: TileConfig, spli
 
 
 def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
-                  device: torch.device) -> TileConfig:
+                  device: torch.device, *, allow_split_k: bool = True,
+                  allow_swap_ab: bool = True) -> TileConfig:
     """The tile and K split that the cost model says finish first: bigger tiles are more
     efficient, but below a wave of tiles smaller ones (or K slices) keep more SMs busy.
-    The choice depends on the shape alone, so results are reproducible run to run."""
+    For M <= SWAP_MAX_M, the transposed problem's narrow tiles. The choice depends on the
+    shape alone, so results are reproducible run to run."""
     if device.type == "cpu":
         return INTERPRETER_CONFIG
-    candidates = FP32_CONFIGS if dtype == torch.float32 else HALF_CONFIGS
+    fp32 = dtype == torch.float32
+    if allow_swap_ab and m <= SWAP_MAX_M < n:
+        candidates = FP32_SWAPPED_CONFIGS if fp32 else HALF_SWAPPED_CONFIGS
+        m, n = n, m
+    else:
+        candidates = FP32_CONFIGS if fp32 else HALF_CONFIGS
     units = devices.num_compute_units(device)
     best, best_cost = None, None
     for config in candidates:
-        for split_k in SPLIT_K_CHOICES:
+        for split_k in SPLIT_K_CHOICES if allow_split_k else (1,):
             if split_k > 1 and (k // split_k < MIN_K_PER_SPLIT
                                 or num_tiles(m, n, batches, config) * split_k > 2 * units):
                 break

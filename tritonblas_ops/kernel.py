@@ -93,8 +93,39 @@ def _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
 
 
 @triton.jit
+def _operand_descriptors(
+    a_ptr, b_ptr, M, N, K, num_batches,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
+):
+    """A's and B's tensor descriptors, made once per program: boxes of (1 batch, rows,
+    columns), so one descriptor serves every tile of every batch. Column-major operands are
+    described as their transposes (and transposed back in registers)."""
+    if num_batches == 1:
+        # The batch stride is then never used, but every stride of a descriptor must be a
+        # 16-byte multiple (a 2-D operand's may not be): take one that is.
+        stride_ab = stride_am * M if A_ROW_MAJOR else stride_ak * K
+        stride_bb = stride_bk * K if B_ROW_MAJOR else stride_bn * N
+    if A_ROW_MAJOR:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [num_batches, M, K], [stride_ab, stride_am, 1],
+                                           [1, BLOCK_M, BLOCK_K])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [num_batches, K, M], [stride_ab, stride_ak, 1],
+                                           [1, BLOCK_K, BLOCK_M])
+    if B_ROW_MAJOR:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [num_batches, K, N], [stride_bb, stride_bk, 1],
+                                           [1, BLOCK_K, BLOCK_N])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [num_batches, N, K], [stride_bb, stride_bn, 1],
+                                           [1, BLOCK_N, BLOCK_K])
+    return a_desc, b_desc
+
+
+@triton.jit
 def _tile_product(
-    a_ptr, b_ptr, batch, tile_m, tile_n, k_begin, k_end,
+    a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, k_begin, k_end,
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
@@ -105,52 +136,37 @@ def _tile_product(
     """One output tile's fp32 product over K in [k_begin, k_end), in a fixed order. Edges are
     exact: rows and columns past M, N, k_end are read as zeros (no index wrapping).
 
-    USE_TMA: operands move through tensor descriptors (Hopper's copy engine), which clip
-    the edges in hardware; otherwise through masked pointer loads, for any strides.
+    USE_TMA: operands move through the program's tensor descriptors (Hopper's copy engine),
+    which clip the edges in hardware; K slices end on multiples of BLOCK_K, so only the last
+    one meets the edge at K. Otherwise through masked pointer loads, for any strides.
     """
     m0 = tile_m * BLOCK_M
     n0 = tile_n * BLOCK_N
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    if INT64_INDEX:  # some element offset reaches 2**31: do the address math in int64
-        batch = batch.to(tl.int64)
-        offs_m = offs_m.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-    a_ptr += batch * stride_ab
-    b_ptr += batch * stride_bb
-
-    if USE_TMA:
-        # One descriptor per tile: its base carries the batch offset. Column-major
-        # operands are described as their transposes and transposed back in registers.
-        # Slices end on multiples of BLOCK_K, so only the last one meets the edge at K.
-        if A_ROW_MAJOR:
-            a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
-        else:
-            a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [stride_ak, 1], [BLOCK_K, BLOCK_M])
-        if B_ROW_MAJOR:
-            b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
-        else:
-            b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K])
-    else:
+    if not USE_TMA:
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
         offs_k = k_begin + tl.arange(0, BLOCK_K)
-        if INT64_INDEX:
+        if INT64_INDEX:  # some element offset reaches 2**31: do the address math in int64
+            batch = batch.to(tl.int64)
+            offs_m = offs_m.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
             offs_k = offs_k.to(tl.int64)
         in_m = offs_m < M
         in_n = offs_n < N
-        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+        a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         if USE_TMA:
             if A_ROW_MAJOR:
-                a = a_desc.load([m0, k0])
+                a = a_desc.load([batch, m0, k0]).reshape(BLOCK_M, BLOCK_K)
             else:
-                a = a_desc.load([k0, m0]).T
+                a = a_desc.load([batch, k0, m0]).reshape(BLOCK_K, BLOCK_M).T
             if B_ROW_MAJOR:
-                b = b_desc.load([k0, n0])
+                b = b_desc.load([batch, k0, n0]).reshape(BLOCK_K, BLOCK_N)
             else:
-                b = b_desc.load([n0, k0]).T
+                b = b_desc.load([batch, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
         else:
             in_k = offs_k < k_end
             a = tl.load(a_ptrs, mask=in_m[:, None] & in_k[None, :], other=0.0)
@@ -187,14 +203,14 @@ def _sum_slices(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K: tl.conste
 
 @triton.jit
 def _store_tile(
-    acc, c_ptr, bias_ptr, batch, tile_m, tile_n, M, N,
+    acc, c_ptr, c_desc, bias_ptr, batch, tile_m, tile_n, M, N,
     stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
     alpha, beta,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64_INDEX: tl.constexpr,
-    TMA_STORE: tl.constexpr,
+    TMA_STORE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
 ):
     """C tile = alpha * acc + beta * bias, rounded to C's dtype; nothing past M, N written
-    (a tensor descriptor clips the edges, masked stores otherwise)."""
+    (the program's C descriptor clips the edges, masked stores otherwise)."""
     m0 = tile_m * BLOCK_M
     n0 = tile_n * BLOCK_N
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -205,7 +221,6 @@ def _store_tile(
         offs_n = offs_n.to(tl.int64)
     in_m = offs_m < M
     in_n = offs_n < N
-    c_ptr += batch * stride_cb
     acc = acc * alpha
     if bias_ptr is not None:
         bias_ptrs = bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n
@@ -213,10 +228,16 @@ def _store_tile(
         acc += beta * bias.to(tl.float32)
     c = acc.to(c_ptr.dtype.element_ty)
     if TMA_STORE:
-        c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, BLOCK_N])
-        c_desc.store([m0, n0], c)
+        if EPILOGUE_SUBTILE:
+            # Two half-width stores: half the shared memory staging C, which leaves room
+            # for one more pipeline stage of the 128x256 tile.
+            left, right = c.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+            c_desc.store([batch, m0, n0], left.reshape(1, BLOCK_M, BLOCK_N // 2))
+            c_desc.store([batch, m0, n0 + BLOCK_N // 2], right.reshape(1, BLOCK_M, BLOCK_N // 2))
+        else:
+            c_desc.store([batch, m0, n0], c.reshape(1, BLOCK_M, BLOCK_N))
     else:
-        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        c_ptrs = c_ptr + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         tl.store(c_ptrs, c, mask=in_m[:, None] & in_n[None, :])
 
 
@@ -246,7 +267,7 @@ def ws_matmul_kernel(
     WORK_STEALING: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
-    TMA_STORE: tl.constexpr,
+    TMA_STORE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -256,6 +277,21 @@ def ws_matmul_kernel(
     num_units = tiles_m * tiles_n * num_batches * SPLIT_K
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     arrivals_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
+
+    a_desc, b_desc, c_desc = None, None, None
+    if USE_TMA:
+        a_desc, b_desc = _operand_descriptors(
+            a_ptr, b_ptr, M, N, K, num_batches,
+            stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, A_ROW_MAJOR, B_ROW_MAJOR,
+        )
+    if TMA_STORE:  # row-major C
+        if num_batches == 1:  # as in _operand_descriptors
+            stride_cb = stride_cm * M
+        c_desc = tl.make_tensor_descriptor(
+            c_ptr, [num_batches, M, N], [stride_cb, stride_cm, 1],
+            [1, BLOCK_M, BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N],
+        )
 
     home_shard = pid % NUM_SHARDS
     dry_shards = 0
@@ -272,7 +308,7 @@ def ws_matmul_kernel(
         k_begin = split * k_per_split
         k_end = tl.minimum(K, k_begin + k_per_split)
         acc = _tile_product(
-            a_ptr, b_ptr, batch, tile_m, tile_n, k_begin, k_end, M, N, K,
+            a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, k_begin, k_end, M, N, K,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX,
             USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
@@ -283,9 +319,9 @@ def ws_matmul_kernel(
                                      BLOCK_M, BLOCK_N)
         if store:
             _store_tile(
-                acc, c_ptr, bias_ptr, batch, tile_m, tile_n, M, N,
+                acc, c_ptr, c_desc, bias_ptr, batch, tile_m, tile_n, M, N,
                 stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
-                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE,
+                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE, EPILOGUE_SUBTILE,
             )
         if tile_counts_ptr is not None:
             tl.atomic_add(tile_counts_ptr + unit, 1, sem="relaxed")
@@ -436,7 +472,7 @@ def launch(
         use_tma = devices.has_tma(a.device) and tma_ok
     elif use_tma and not tma_ok:
         raise ValueError("use_tma=True needs 16-byte aligned operands with a unit stride")
-    tma_store = use_tma and _tma_compatible(c, traced)
+    tma_store = use_tma and c.stride(2) == 1 and _tma_compatible(c, traced)
     if use_tma and a.device.type == "cuda":
         triton.set_allocator(_descriptor_scratch)
     partials = None
@@ -493,7 +529,7 @@ def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, *, sizes, s
         INPUT_PRECISION="tf32" if tf32 else "ieee",
         INT64_INDEX=int64_index,
         USE_TMA=use_tma, A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major,
-        TMA_STORE=tma_store,
+        TMA_STORE=tma_store, EPILOGUE_SUBTILE=tma_store and config.epilogue_subtile,
     )
 
 
@@ -557,6 +593,11 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
         c.copy_(beta * bias.expand(c.shape[-2:]) if bias is not None else torch.zeros_like(c))
         return c
     config = config or select_config(m, n, k, batches, a.dtype, a.device)
+    c3 = c if batched else c.unsqueeze(0)
+    if config.swap_ab:  # C^T = B^T @ A^T: the same kernel on transposed views
+        a3, b3, c3 = b3.mT, a3.mT, c3.mT
+        bias = bias.expand(m, n).mT if bias is not None else None
+        m, n = n, m
     if num_shards is None:
         num_shards = devices.default_num_shards(a.device)
     tiles = num_tiles(m, n, batches, config)
@@ -567,7 +608,7 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
     # Triton launches on the current device, and descriptor scratch is allocated there.
     guard = torch.cuda._DeviceGuard(a.device.index) if a.is_cuda else contextlib.nullcontext()
     with guard:
-        compiled, args = launch(a3, b3, c if batched else c.unsqueeze(0), bias, alpha, beta,
+        compiled, args = launch(a3, b3, c3, bias, alpha, beta,
                                 counters, config=config, num_shards=num_shards,
                                 num_programs=num_programs, schedule=schedule, use_tma=use_tma)
     if plan_key is not None:
@@ -578,7 +619,7 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
             kernel=compiled, args=kept,
             out_shape=c.shape, grid=num_programs, counters_numel=numel,
             partials_numel=args["partials_ptr"].numel() if config.split_k > 1 else 0,
-            fix_a=fix_a, fix_b=fix_b,
+            fix_a=fix_a, fix_b=fix_b, swap_ab=config.swap_ab,
             has_bias=bias is not None,
         ))
     return c
@@ -604,6 +645,7 @@ class _Plan:
     partials_numel: int
     fix_a: str  # _operand_fix's answer: how each operand is copied first, if at all
     fix_b: str
+    swap_ab: bool  # B goes in A's place and A in B's (the plan's strides say how)
     has_bias: bool
 
 
@@ -639,8 +681,11 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
     device = a.device
     with torch.cuda._DeviceGuard(device.index):
         args = plan.args.copy()
-        args[_SLOT["a_ptr"]] = _fixed(a, plan.fix_a) if plan.fix_a else a
-        args[_SLOT["b_ptr"]] = _fixed(b, plan.fix_b) if plan.fix_b else b
+        a_arg = _fixed(a, plan.fix_a) if plan.fix_a else a
+        b_arg = _fixed(b, plan.fix_b) if plan.fix_b else b
+        if plan.swap_ab:
+            a_arg, b_arg = b_arg, a_arg
+        args[_SLOT["a_ptr"]], args[_SLOT["b_ptr"]] = a_arg, b_arg
         c = args[_SLOT["c_ptr"]] = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
         args[_SLOT["bias_ptr"]] = bias if plan.has_bias else None
         args[_SLOT["counters_ptr"]] = torch.zeros(plan.counters_numel, dtype=torch.int32, device=device)

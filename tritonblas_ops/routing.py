@@ -40,7 +40,6 @@ Already compiled graphs keep their code when the state changes: call torch._dyna
 """
 
 import contextlib
-import dataclasses
 import enum
 import functools
 import importlib.metadata
@@ -266,9 +265,10 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
     n = b.get_size()[-1]
     device, dtype = a.get_device(), a.get_dtype()
     hint_batches, hint_m, hint_n, hint_k = _size_hints(a, b)
-    # One K slice: split-K needs a workspace sized by the tile count, which may be symbolic.
-    config = dataclasses.replace(select_config(m=hint_m, n=hint_n, k=hint_k, batches=hint_batches,
-                                               dtype=dtype, device=device), split_k=1)
+    # One K slice: split-K needs a workspace sized by the tile count, which may be symbolic;
+    # and the operands as they are, with the tiles chosen for them.
+    config = select_config(m=hint_m, n=hint_n, k=hint_k, batches=hint_batches, dtype=dtype,
+                           device=device, allow_split_k=False, allow_swap_ab=False)
 
     c = inductor_lowering.empty_strided([*batch, m, n], None, dtype=dtype, device=device)
     num_shards = devices.default_num_shards(device)
