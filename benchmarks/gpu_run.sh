@@ -29,7 +29,7 @@ has deploy && timeout ${DEPLOY_TIMEOUT:-300} python3 -m pytest $deploy_tests -m 
   2>&1 | grep -v "^DEBUG" | tee "$OUT/deploy_tests.log" | tail -15
 if has sweep; then  # select_config's calibration: forced tile configs beside its choice
   sweep() { python3 -m benchmarks.bench --warmup-ms 10 --rep-ms 40 --shapes "$1" --configs "$2" \
-              --out "$OUT/h200_sweep.csv" 2>&1 | grep -v "^DEBUG" | tee -a "$OUT/sweep.log" | tail -${3:-40}; }
+              --out "$OUT/h200_sweep.csv" 2>&1 | grep -v "^DEBUG" | tee -a "$OUT/sweep.log" | tail -12; }
   sweep 4096x4096x4096,8192x8192x8192,4096x14336x4096,4864x8192x4160,2048x14336x4096 \
     128x256x64w8s3k1e,128x256x64w8s4k1e,128x128x64w8s4k1
   sweep 1000x1000x1000,1024x1024x1024,2048x2048x2048,3000x5000x2000,2049x1023x777 \
