@@ -31,7 +31,7 @@ if has sweep; then  # select_config's calibration: forced tile configs beside it
   sweep() { python3 -m benchmarks.bench --warmup-ms 10 --rep-ms 40 --shapes "$1" --configs "$2" \
               --out "$OUT/h200_sweep.csv" 2>&1 | grep -v "^DEBUG" | tee -a "$OUT/sweep.log" | tail -12; }
   sweep 4096x4096x4096,8192x8192x8192,4096x14336x4096,4864x8192x4160,2048x14336x4096 \
-    128x256x64w8s3k1e,128x256x64w8s4k1e,128x128x64w8s4k1
+    128x256x64w8s3k1,128x128x64w8s4k1,128x128x64w4s4k1
   sweep 1000x1000x1000,1024x1024x1024,2048x2048x2048,3000x5000x2000,2049x1023x777 \
     128x128x64w4s4k1,128x128x64w8s4k1,64x128x64w4s4k1,128x64x64w4s4k1,64x64x64w4s4k1,128x256x64w8s3k1,128x128x64w4s4k2
   sweep 256x512x32768,1024x1024x16384,128x8192x8192,64x8192x8192 \

@@ -44,26 +44,26 @@ def providers(device: torch.device, *, shards: list[int] | None, inductor: bool,
     return chosen
 
 
-CONFIG_PATTERN = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)k(\d+)(t?)(e?)")
+CONFIG_PATTERN = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)k(\d+)(t?)")
 
 
 def config_name(config: TileConfig) -> str:
     """128x256x64w8s3k2: block M x N x K, warps, pipeline stages, K slices; then t for
-    swap_ab (the transposed problem) and e for epilogue_subtile."""
+    swap_ab (the transposed problem)."""
     return (f"{config.block_m}x{config.block_n}x{config.block_k}"
             f"w{config.num_warps}s{config.num_stages}k{config.split_k}"
-            f"{'t' if config.swap_ab else ''}{'e' if config.epilogue_subtile else ''}")
+            f"{'t' if config.swap_ab else ''}")
 
 
 def parse_config(text: str) -> TileConfig:
     match = CONFIG_PATTERN.fullmatch(text)
     if match is None:
         raise ValueError(f"tile config {text!r} is not like 128x256x64w8s3k1 (block M x N x K, "
-                         f"warps, stages, K slices; then t: swap_ab, e: epilogue_subtile)")
-    *numbers, swap, subtile = match.groups()
+                         f"warps, stages, K slices; then t: swap_ab)")
+    *numbers, swap = match.groups()
     m, n, k, warps, stages, split = map(int, numbers)
     return TileConfig(m, n, k, num_warps=warps, num_stages=stages, split_k=split,
-                      swap_ab=swap == "t", epilogue_subtile=subtile == "e")
+                      swap_ab=swap == "t")
 
 
 def _work_stealing(name: str, num_shards: int) -> Provider:

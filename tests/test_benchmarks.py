@@ -28,8 +28,6 @@ def test_config_names_round_trip_and_bad_ones_are_refused():
             config.split_k) == (128, 256, 64, 8, 3, 2)
     assert config_name(config) == "128x256x64w8s3k2"
     config = parse_config("128x16x128w4s5k2t")
-    assert config.swap_ab and not config.epilogue_subtile and config_name(config) == "128x16x128w4s5k2t"
-    config = parse_config("128x256x64w8s4k1e")
-    assert config.epilogue_subtile and not config.swap_ab and config_name(config) == "128x256x64w8s4k1e"
+    assert config.swap_ab and config_name(config) == "128x16x128w4s5k2t"
     with pytest.raises(ValueError, match="is not like 128x256x64w8s3k1"):
         parse_config("128x256")

@@ -22,9 +22,6 @@ class TileConfig:
     # for M <= 16 the output's few rows become a narrow tile's columns, and the weight
     # streams through the wide side instead of filling a 64-row tile with padding.
     swap_ab: bool = False
-    # Store C's tile in two half-width pieces (tensor-descriptor stores only): half the
-    # shared memory for staging C, room for one more pipeline stage.
-    epilogue_subtile: bool = False
     # Throughput of one SM with this tile, relative to the best tile (select_config's model).
     efficiency: float = dataclasses.field(default=1.0, compare=False)
 

@@ -207,7 +207,7 @@ def _store_tile(
     stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
     alpha, beta,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64_INDEX: tl.constexpr,
-    TMA_STORE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    TMA_STORE: tl.constexpr,
 ):
     """C tile = alpha * acc + beta * bias, rounded to C's dtype; nothing past M, N written
     (the program's C descriptor clips the edges, masked stores otherwise)."""
@@ -216,7 +216,6 @@ def _store_tile(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if INT64_INDEX:
-        batch = batch.to(tl.int64)
         offs_m = offs_m.to(tl.int64)
         offs_n = offs_n.to(tl.int64)
     in_m = offs_m < M
@@ -227,16 +226,11 @@ def _store_tile(
         bias = tl.load(bias_ptrs, mask=in_m[:, None] & in_n[None, :], other=0.0)
         acc += beta * bias.to(tl.float32)
     c = acc.to(c_ptr.dtype.element_ty)
-    if TMA_STORE:
-        if EPILOGUE_SUBTILE:
-            # Two half-width stores: half the shared memory staging C, which leaves room
-            # for one more pipeline stage of the 128x256 tile.
-            left, right = c.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
-            c_desc.store([batch, m0, n0], left.reshape(1, BLOCK_M, BLOCK_N // 2))
-            c_desc.store([batch, m0, n0 + BLOCK_N // 2], right.reshape(1, BLOCK_M, BLOCK_N // 2))
-        else:
-            c_desc.store([batch, m0, n0], c.reshape(1, BLOCK_M, BLOCK_N))
+    if TMA_STORE:  # descriptor coordinates stay int32; the descriptor addresses in 64 bits
+        c_desc.store([batch, m0, n0], c.reshape(1, BLOCK_M, BLOCK_N))
     else:
+        if INT64_INDEX:
+            batch = batch.to(tl.int64)
         c_ptrs = c_ptr + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         tl.store(c_ptrs, c, mask=in_m[:, None] & in_n[None, :])
 
@@ -267,7 +261,7 @@ def ws_matmul_kernel(
     WORK_STEALING: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
-    TMA_STORE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    TMA_STORE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -290,7 +284,7 @@ def ws_matmul_kernel(
             stride_cb = stride_cm * M
         c_desc = tl.make_tensor_descriptor(
             c_ptr, [num_batches, M, N], [stride_cb, stride_cm, 1],
-            [1, BLOCK_M, BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N],
+            [1, BLOCK_M, BLOCK_N],
         )
 
     home_shard = pid % NUM_SHARDS
@@ -321,7 +315,7 @@ def ws_matmul_kernel(
             _store_tile(
                 acc, c_ptr, c_desc, bias_ptr, batch, tile_m, tile_n, M, N,
                 stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
-                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE, EPILOGUE_SUBTILE,
+                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE,
             )
         if tile_counts_ptr is not None:
             tl.atomic_add(tile_counts_ptr + unit, 1, sem="relaxed")
@@ -529,7 +523,7 @@ def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, *, sizes, s
         INPUT_PRECISION="tf32" if tf32 else "ieee",
         INT64_INDEX=int64_index,
         USE_TMA=use_tma, A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major,
-        TMA_STORE=tma_store, EPILOGUE_SUBTILE=tma_store and config.epilogue_subtile,
+        TMA_STORE=tma_store,
     )
 
 
