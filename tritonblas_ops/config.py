@@ -54,6 +54,10 @@ MIN_K_PER_SPLIT = 256  # shorter slices spend more on the pipeline's fill than o
 # byte of split-K partials costs in the model, in FLOPs of the best tile.
 FLOPS_PER_BYTE = 200
 FIXED_K_STEPS = 2  # per work unit: pipeline fill and epilogue, in K steps of the tile
+# The tile's last slice reads every partial back by itself, at one SM's share of L2
+# (~150 GB/s against its ~6 TFLOP/s). Fitted to the sweep in NOTES.md step 9, where 16
+# slices of 128x128 lost to 8 of 64x128 on 256x512x32768.
+SLICE_SUM_FLOPS_PER_BYTE = 40
 
 
 def num_tiles(m: int, n: int, batches: int, config: TileConfig) -> int:
@@ -65,14 +69,15 @@ def _modeled_cost(m: int, n: int, k: int, batches: int, config: TileConfig, spli
                   units: int) -> float:
     """Time of the launch in FLOPs of one SM running the best tile: waves of work units, each
     unit its K slice (plus a fixed cost) at the tile's efficiency, and for split-K the
-    partials each unit writes and the last one reads back."""
+    partials each unit writes and reads, and the last one's sum of all of them."""
     work_units = num_tiles(m, n, batches, config) * split_k
     waves = -(-work_units // units)
     k_slice = -(-k // split_k)
     flops = 2 * config.block_m * config.block_n * (k_slice + FIXED_K_STEPS * config.block_k)
     unit = flops / config.efficiency
     if split_k > 1:
-        unit += 2 * config.block_m * config.block_n * 4 * FLOPS_PER_BYTE
+        partial_bytes = config.block_m * config.block_n * 4
+        unit += 2 * partial_bytes * FLOPS_PER_BYTE + split_k * partial_bytes * SLICE_SUM_FLOPS_PER_BYTE
     return waves * unit
 
 

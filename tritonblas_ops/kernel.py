@@ -12,8 +12,8 @@ Each unit runs its K range in one program, in a fixed order; with split-K the ti
 slice to arrive sums the fp32 partials in slice order. Results are bitwise reproducible
 whatever the schedule.
 
-Reads top to bottom: work-unit helpers, the tile body (product, split-K sum, epilogue), the
-persistent loop, the launcher, and the cached eager launch.
+Reads top to bottom: work-unit helpers, the tile body (descriptors, product, split-K sum,
+epilogue), the persistent loop, the launcher, and the cached eager launch.
 """
 
 import contextlib
@@ -546,7 +546,8 @@ def ws_matmul(
     tile config, shard count, grid size, schedule and load path. Inputs must already be
     valid (the ops check them). An operand with no unit stride is copied to row-major
     first, and on a TMA GPU one whose rows are not 16-byte aligned is copied into aligned
-    rows when the GEMM is large enough to pay for it (_operand_fix). With the default
+    rows when the GEMM is large enough to pay for it (_operand_fix). A config with swap_ab
+    (the selector's choice for M <= 16) launches C^T = B^T @ A^T. With the default
     knobs on a GPU, repeated calls with one shape, layout and alignment reuse the first
     call's decisions and compiled kernel (_cached_launch).
     """
