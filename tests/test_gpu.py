@@ -132,6 +132,20 @@ def test_decode_shapes_run_transposed(m, precision):
         assert all(torch.equal(out, outs[0]) for out in outs[1:]), (a_t, b_t)
 
 
+@pytest.mark.parametrize("precision", ["tf32"], indirect=True)
+def test_tf32_launch_gives_the_kernel_k_major_operands(precision):
+    """wgmma reads TF32 operands K-major only: a row-major B is copied into K-contiguous
+    columns (on the first launch and the cached ones), A row-major is left as it is."""
+    kernel._plans.clear()
+    a = torch.randn(2048, 2048, device="cuda")
+    b = torch.randn(2048, 2048, device="cuda")
+    out = ws_matmul(a, b)
+    assert_matches(out, matmul_ref(a, b), tolerance(precision))
+    (plan,) = kernel._plans.values()
+    assert (plan.fix_a, plan.fix_b) == ("", "columns")
+    assert torch.equal(ws_matmul(a, b), out)
+
+
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True)])
 @pytest.mark.parametrize("m,n,k,batches", [(4095, 4097, 4093, 1), (2049, 1023, 777, 1), (1000, 1000, 1001, 3)])
 def test_unaligned_operands_are_copied_aligned_for_descriptors(m, n, k, batches, a_t, b_t):

@@ -247,17 +247,34 @@ def test_swapped_operands_match_the_reference(a_t, b_t, split_k):
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_aligned_copy_pads_rows_to_16_bytes(transposed):
-    """The copy made for tensor descriptors: same values, unit column stride, rows and batch
-    starting on 16-byte boundaries (the padding is never read: descriptors clip at K)."""
+def test_aligned_copy_pads_rows_or_columns_to_16_bytes(transposed):
+    """The copies made for tensor descriptors: same values, the unit stride where asked for,
+    rows (or columns) and batches starting on 16-byte boundaries (the padding is never
+    read: descriptors clip at the edges)."""
     from tritonblas_ops import kernel
 
     for dtype, cols in [(torch.bfloat16, 777), (torch.float32, 13), (torch.float16, 8)]:
         t = torch.randn(2, cols, 5, dtype=dtype).mT if transposed else torch.randn(2, 5, cols, dtype=dtype)
-        copy = kernel._fixed(t, "aligned")
-        assert torch.equal(copy, t)
-        assert copy.stride(2) == 1 and (copy.stride(1) * copy.element_size()) % 16 == 0
-        assert (copy.stride(0) * copy.element_size()) % 16 == 0
-        assert kernel._tma_compatible(copy, traced=False)
+        for fix, unit_dim in (("rows", 2), ("columns", 1)):
+            copy = kernel._fixed(t, fix)
+            assert torch.equal(copy, t)
+            other = 3 - unit_dim
+            assert copy.stride(unit_dim) == 1 and (copy.stride(other) * copy.element_size()) % 16 == 0
+            assert (copy.stride(0) * copy.element_size()) % 16 == 0
+            assert kernel._tma_compatible(copy, traced=False)
     assert kernel._operand_fix(torch.randn(1, 4, 6)[:, :, ::2], align=False) == "contiguous"
     assert kernel._operand_fix(torch.randn(1, 4, 7), align=False) == ""
+    assert kernel._operand_fix(torch.randn(1, 4, 7), align=True) == "rows"
+
+
+def test_tf32_operands_are_copied_k_major():
+    """TF32's wgmma reads K-major operands only: where copies pay, A gets K-contiguous rows
+    and B K-contiguous columns; a layout that already has them is left alone."""
+    from tritonblas_ops import kernel
+
+    a, b = torch.randn(1, 8, 16), torch.randn(1, 16, 8)  # row-major: A is K-major, B is not
+    assert kernel._operand_fix(a, align=True, k_dim=2) == ""
+    assert kernel._operand_fix(b, align=True, k_dim=1) == "columns"
+    assert kernel._operand_fix(b.mT.contiguous().mT, align=True, k_dim=1) == ""
+    assert kernel._operand_fix(a.mT.contiguous().mT, align=True, k_dim=2) == "rows"
+    assert kernel._operand_fix(b, align=False, k_dim=1) == ""  # too small to pay: as it is

@@ -545,8 +545,9 @@ def ws_matmul(
     The plain Python entry point under the torch ops, with the knobs they keep at defaults:
     tile config, shard count, grid size, schedule and load path. Inputs must already be
     valid (the ops check them). An operand with no unit stride is copied to row-major
-    first, and on a TMA GPU one whose rows are not 16-byte aligned is copied into aligned
-    rows when the GEMM is large enough to pay for it (_operand_fix). A config with swap_ab
+    first, and on a TMA GPU one whose rows are not 16-byte aligned (or, for TF32, whose K
+    is not contiguous) is copied into aligned rows or columns when the GEMM is large
+    enough to pay for it (_operand_fix). A config with swap_ab
     (the selector's choice for M <= 16) launches C^T = B^T @ A^T. With the default
     knobs on a GPU, repeated calls with one shape, layout and alignment reuse the first
     call's decisions and compiled kernel (_cached_launch).
@@ -576,7 +577,12 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
     batches, m, k = a3.shape
     n = b3.shape[2]
     align = use_tma is None and devices.has_tma(a.device) and _aligning_pays(a3, b3)
-    fix_a, fix_b = _operand_fix(a3, align), _operand_fix(b3, align)
+    # Hopper's wgmma reads TF32 operands from shared memory only K-major; Triton otherwise
+    # copies each tile through registers and cannot overlap the MMAs (~70 TFLOP/s on the
+    # H200, NOTES.md step 10): give A K-contiguous rows and B K-contiguous columns.
+    tf32_k_major = a.dtype == torch.float32 and tf32_enabled()
+    fix_a = _operand_fix(a3, align, k_dim=2 if tf32_k_major else None)
+    fix_b = _operand_fix(b3, align, k_dim=1 if tf32_k_major else None)
     a3, b3 = _fixed(a3, fix_a), _fixed(b3, fix_b)
     c = torch.empty((batches, m, n) if batched else (m, n), dtype=a.dtype, device=a.device)
     if c.numel() == 0:
@@ -714,21 +720,25 @@ def _aligning_pays(a: torch.Tensor, b: torch.Tensor) -> bool:
     return 2 * batches * m * n * k >= ALIGN_MIN_FLOPS_PER_BYTE * copied_bytes
 
 
-def _operand_fix(t: torch.Tensor, align: bool) -> str:
-    """How an operand is passed: as it is (""), copied into rows padded to 16 bytes
-    ("aligned", when aligning pays and descriptors cannot read it as it is), or copied to
+def _operand_fix(t: torch.Tensor, align: bool, k_dim: int | None = None) -> str:
+    """How a (B, rows, cols) operand is passed: as it is (""); when aligning pays, copied
+    into rows or columns padded to 16 bytes ("rows", "columns") if descriptors cannot read
+    it as it is, or if `k_dim` is given and K is not its contiguous dimension; or copied to
     row-major ("contiguous": with no unit stride every load would be a gather)."""
-    if align and not _tma_compatible(t, traced=False):
-        return "aligned"
+    if align and ((k_dim is not None and t.stride(k_dim) != 1)
+                  or not _tma_compatible(t, traced=False)):
+        return "columns" if k_dim == 1 else "rows"
     return "" if t.stride(-1) == 1 or t.stride(-2) == 1 else "contiguous"
 
 
 def _fixed(t: torch.Tensor, fix: str) -> torch.Tensor:
-    if fix == "aligned":
+    if fix == "rows":
         per_16_bytes = 16 // t.element_size()
         cols = t.shape[-1]
         padded = t.new_empty(*t.shape[:-1], -(-cols // per_16_bytes) * per_16_bytes)
         return padded[..., :cols].copy_(t)
+    if fix == "columns":
+        return _fixed(t.mT, "rows").mT
     if fix == "contiguous":
         return t.contiguous()
     return t
