@@ -1,5 +1,12 @@
+import os
+import pathlib
+import subprocess
+import sys
+
 import pytest
 import torch
+
+from subprocess_helpers import REPO
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
 
@@ -23,3 +30,17 @@ def poison_empty():
     assert torch.utils.deterministic.fill_uninitialized_memory
     yield
     torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+@pytest.fixture(scope="session")
+def stubs(tmp_path_factory) -> str:
+    """The C++ stubs, built for this torch into the test session's temporary folder: g++
+    runs once a session (about 10 s on two cores)."""
+    env = {**os.environ, "TRITONBLAS_OPS_STUBS_DIR": str(tmp_path_factory.getbasetemp() / "stubs"),
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "tritonblas_ops.stubs", "build"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"building the stubs failed:\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    path = proc.stdout.strip().splitlines()[-1]
+    assert pathlib.Path(path).is_file(), path
+    return path

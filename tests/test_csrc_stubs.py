@@ -7,56 +7,15 @@ cannot be unloaded and the point is what each process sees:
   implementations are the ones used: eager, fake, autograd, torch.compile.
 """
 
-import json
-import os
-import pathlib
 import shutil
 import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 import tritonblas_ops  # noqa: F401
+from subprocess_helpers import run_python, stubs_only
 from tritonblas_ops.schemas import SCHEMAS, defined_schema
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
-
-
-def run_python(code: str, timeout: float = 300) -> tuple[dict, str]:
-    """Run `code` in a fresh interpreter; it prints one JSON object as its last line.
-    Returns that object and the process's stderr."""
-    paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
-
-
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory) -> str:
-    """The stubs, built for this torch into this session's temporary folder: g++ runs once
-    (about 10 s on two cores); later modules find them up to date."""
-    env = {**os.environ, "TRITONBLAS_OPS_STUBS_DIR": str(tmp_path_factory.getbasetemp() / "stubs"),
-           "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "tritonblas_ops.stubs", "build"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"building the stubs failed:\n{proc.stdout}\n{proc.stderr[-6000:]}"
-    path = proc.stdout.strip().splitlines()[-1]
-    assert pathlib.Path(path).is_file(), path
-    return path
-
-
-def stubs_only(stubs: str, body: str) -> tuple[dict, str]:
-    """Run `body` in a process that loaded the stubs and never imports tritonblas_ops; the
-    body fills the dict `result`."""
-    code = f"import json, sys, torch\ntorch.ops.load_library({stubs!r})\nresult = {{}}\n"
-    code += textwrap.dedent(body)
-    code += "\nassert 'tritonblas_ops' not in sys.modules\nprint(json.dumps(result))\n"
-    return run_python(code)
-
 
 # ---------------------------------------------------------------------------------------
 # One schema per op, on both sides

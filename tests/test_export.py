@@ -17,8 +17,7 @@ from torch.export import Dim
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
 
-# Shared with the stubs' tests: a subprocess runner, and the stubs (built once a session).
-from test_csrc_stubs import run_python, stubs, stubs_only  # noqa: F401
+from subprocess_helpers import run_python, stubs_only
 
 OPS = {torch.ops.tritonblas.ws_mm.default, torch.ops.tritonblas.ws_addmm.default,
        torch.ops.tritonblas.ws_bmm.default}
