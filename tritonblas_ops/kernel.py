@@ -547,9 +547,8 @@ def ws_matmul(
     valid (the ops check them). An operand with no unit stride is copied to row-major
     first, and on a TMA GPU one whose rows are not 16-byte aligned (or, for TF32, whose K
     is not contiguous) is copied into aligned rows or columns when the GEMM is large
-    enough to pay for it (_operand_fix). A config with swap_ab
-    (the selector's choice for M <= 16) launches C^T = B^T @ A^T. With the default
-    knobs on a GPU, repeated calls with one shape, layout and alignment reuse the first
+    enough to pay for it (_operand_fix). A config with swap_ab (the selector's choice for
+    M <= 16) launches C^T = B^T @ A^T. With the default knobs on a GPU, repeated calls with one shape, layout and alignment reuse the first
     call's decisions and compiled kernel (_cached_launch).
     """
     alpha, beta = float(alpha), float(beta)  # one kernel signature, whatever the caller passed
@@ -579,7 +578,7 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
     align = use_tma is None and devices.has_tma(a.device) and _aligning_pays(a3, b3)
     # Hopper's wgmma reads TF32 operands from shared memory only K-major; Triton otherwise
     # copies each tile through registers and cannot overlap the MMAs (~70 TFLOP/s on the
-    # H200, NOTES.md step 10): give A K-contiguous rows and B K-contiguous columns.
+    # H200, NOTES.md step 11): give A K-contiguous rows and B K-contiguous columns.
     tf32_k_major = a.dtype == torch.float32 and tf32_enabled()
     fix_a = _operand_fix(a3, align, k_dim=2 if tf32_k_major else None)
     fix_b = _operand_fix(b3, align, k_dim=1 if tf32_k_major else None)
