@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tritonblas_ops import device as devices
+from tritonblas_ops import kernel
 from tritonblas_ops import config as configs
 from tritonblas_ops.config import TileConfig, num_tiles, select_config
 from tritonblas_ops.kernel import Schedule, counter_elements, launch, ws_matmul
@@ -51,10 +52,15 @@ def test_matches_float64_reference(m, n, k, a_t, b_t, dtype):
 TMA_SHAPES = [(8, 8, 8), (40, 24, 56), (136, 72, 152), (24, 40, 8)]
 
 
+@pytest.mark.parametrize("made_by", ["host", "programs"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("a_t,b_t", list(itertools.product([False, True], repeat=2)))
 @pytest.mark.parametrize("m,n,k", TMA_SHAPES)
-def test_tensor_descriptor_path_matches_reference(m, n, k, a_t, b_t, dtype):
+def test_tensor_descriptor_path_matches_reference(m, n, k, a_t, b_t, dtype, made_by, monkeypatch):
+    """Descriptors built on the host (eager launches) or by each program (traced ones)."""
+    real_launch = kernel.launch
+    monkeypatch.setattr(kernel, "launch", lambda *args, **kwargs: real_launch(
+        *args, host_descriptors=made_by == "host", **kwargs))
     a, b = operand(m, k, dtype, a_t), operand(k, n, dtype, b_t)
     bias = torch.randn(n, dtype=dtype)
     out = ws_matmul(a, b, bias, alpha=0.5, beta=2.0, config=SMALL, use_tma=True)
@@ -251,7 +257,6 @@ def test_aligned_copy_pads_rows_or_columns_to_16_bytes(transposed):
     """The copies made for tensor descriptors: same values, the unit stride where asked for,
     rows (or columns) and batches starting on 16-byte boundaries (the padding is never
     read: descriptors clip at the edges)."""
-    from tritonblas_ops import kernel
 
     for dtype, cols in [(torch.bfloat16, 777), (torch.float32, 13), (torch.float16, 8)]:
         t = torch.randn(2, cols, 5, dtype=dtype).mT if transposed else torch.randn(2, 5, cols, dtype=dtype)
@@ -270,7 +275,6 @@ def test_aligned_copy_pads_rows_or_columns_to_16_bytes(transposed):
 def test_tf32_operands_are_copied_k_major():
     """TF32's wgmma reads K-major operands only: where copies pay, A gets K-contiguous rows
     and B K-contiguous columns; a layout that already has them is left alone."""
-    from tritonblas_ops import kernel
 
     a, b = torch.randn(1, 8, 16), torch.randn(1, 16, 8)  # row-major: A is K-major, B is not
     assert kernel._operand_fix(a, align=True, k_dim=2) == ""

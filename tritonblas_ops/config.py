@@ -30,15 +30,20 @@ class TileConfig:
 INTERPRETER_CONFIG = TileConfig(32, 32, 32, group_m=4, num_warps=4, num_stages=1)
 
 # 16-bit tiles, largest first, with their throughput measured on the H200 at 8192^3
-# (benchmarks/NOTES.md, step 2: 670, 640 and 420 TFLOP/s).
+# (benchmarks/NOTES.md, step 2: 670, 640 and 420 TFLOP/s). The small tile's 128-wide K
+# steps halve its barriers per FLOP: 9-15% faster than 64-wide ones on 1024^3, 2048^3 and
+# 256x512x32768 (NOTES.md step 12).
 HALF_CONFIGS = (
     TileConfig(128, 256, 64, num_warps=8, num_stages=3, efficiency=1.0),
     TileConfig(128, 128, 64, num_warps=4, num_stages=4, efficiency=0.95),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, efficiency=0.63),
+    TileConfig(64, 128, 128, num_warps=4, num_stages=4, efficiency=0.63),
 )
-FP32_CONFIGS = (  # efficiencies assumed like the 16-bit ones of the same shape
-    TileConfig(128, 128, 32, num_warps=8, num_stages=3, efficiency=1.0),
-    TileConfig(64, 128, 32, num_warps=4, num_stages=4, efficiency=0.66),
+# TF32 tiles, with their throughput relative to the first on 4096^3 and 8192^3 (NOTES.md
+# step 12: 128x256 beat 128x128 by 12-16%); the smallest one's is assumed.
+FP32_CONFIGS = (
+    TileConfig(128, 256, 32, num_warps=8, num_stages=3, efficiency=1.0),
+    TileConfig(128, 128, 32, num_warps=8, num_stages=4, efficiency=0.87),
+    TileConfig(64, 128, 32, num_warps=4, num_stages=4, efficiency=0.57),
 )
 
 # For M <= SWAP_MAX_M (decode-like GEMMs, bound by streaming B) the problem is solved

@@ -17,6 +17,7 @@ epilogue), the persistent loop, the launcher, and the cached eager launch.
 """
 
 import contextlib
+import copy
 import dataclasses
 import enum
 import functools
@@ -29,6 +30,7 @@ import triton.language as tl
 from triton import knobs
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import TileConfig, num_tiles, select_config
@@ -100,8 +102,9 @@ def _operand_descriptors(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
 ):
-    """A's and B's tensor descriptors, made once per program: boxes of (1 batch, rows,
-    columns), so one descriptor serves every tile of every batch. Column-major operands are
+    """A's and B's tensor descriptors, made by each program when the host built none
+    (traced launches): boxes of (1 batch, rows, columns), so one descriptor serves every
+    tile of every batch. Column-major operands are
     described as their transposes (and transposed back in registers)."""
     if num_batches == 1:
         # The batch stride is then never used, but every stride of a descriptor must be a
@@ -249,6 +252,10 @@ def ws_matmul_kernel(
     counters_ptr,  # int32 (counter_elements(...),), zero at launch; see counter_elements
     partials_ptr,  # fp32 (tiles * SPLIT_K * BLOCK_M * BLOCK_N,) workspace, or None (SPLIT_K 1)
     tile_counts_ptr,  # int32 (tiles * SPLIT_K,) zeroed, or None: +1 per work unit done (tests)
+    # Under USE_TMA, A's and B's tensor descriptors built on the host (eager launches), or
+    # None: each program makes them (~1 us each on its critical path; traced launches).
+    a_desc, b_desc,
+    c_desc,  # C's likewise, under TMA_STORE
     M, N, K, num_batches,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
@@ -272,20 +279,21 @@ def ws_matmul_kernel(
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     arrivals_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
 
-    a_desc, b_desc, c_desc = None, None, None
     if USE_TMA:
-        a_desc, b_desc = _operand_descriptors(
-            a_ptr, b_ptr, M, N, K, num_batches,
-            stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, A_ROW_MAJOR, B_ROW_MAJOR,
-        )
+        if a_desc is None:
+            a_desc, b_desc = _operand_descriptors(
+                a_ptr, b_ptr, M, N, K, num_batches,
+                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+                BLOCK_M, BLOCK_N, BLOCK_K, A_ROW_MAJOR, B_ROW_MAJOR,
+            )
     if TMA_STORE:  # row-major C
-        if num_batches == 1:  # as in _operand_descriptors
-            stride_cb = stride_cm * M
-        c_desc = tl.make_tensor_descriptor(
-            c_ptr, [num_batches, M, N], [stride_cb, stride_cm, 1],
-            [1, BLOCK_M, BLOCK_N],
-        )
+        if c_desc is None:
+            if num_batches == 1:  # as in _operand_descriptors
+                stride_cb = stride_cm * M
+            c_desc = tl.make_tensor_descriptor(
+                c_ptr, [num_batches, M, N], [stride_cb, stride_cm, 1],
+                [1, BLOCK_M, BLOCK_N],
+            )
 
     home_shard = pid % NUM_SHARDS
     dry_shards = 0
@@ -307,6 +315,14 @@ def ws_matmul_kernel(
             BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX,
             USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
         )
+        # The next unit is claimed before this one's epilogue, which hides the atomic's
+        # round trip (~0.5 us) and holds the claim no longer than the epilogue lasts.
+        if WORK_STEALING:
+            next_unit, dry_shards = _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
+                                                NUM_SHARDS, COUNTER_STRIDE)
+        else:
+            next_unit = unit + num_programs
+            next_unit = tl.where(next_unit < num_units, next_unit, -1)
         store = True
         if SPLIT_K > 1:
             acc, store = _sum_slices(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K,
@@ -319,12 +335,7 @@ def ws_matmul_kernel(
             )
         if tile_counts_ptr is not None:
             tl.atomic_add(tile_counts_ptr + unit, 1, sem="relaxed")
-        if WORK_STEALING:
-            unit, dry_shards = _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
-                                           NUM_SHARDS, COUNTER_STRIDE)
-        else:
-            unit += num_programs
-            unit = tl.where(unit < num_units, unit, -1)
+        unit = next_unit
 
 
 # ---------------------------------------------------------------------------------------
@@ -411,6 +422,26 @@ def _tma_compatible(t: torch.Tensor, traced: bool) -> bool:
     return all(x % 16 == 0 for x in aligned)
 
 
+def _host_descriptors(a, b, c, config: TileConfig) -> tuple:
+    """A's, B's and (unless c is None) C's tensor descriptors, as _operand_descriptors makes
+    them in the kernel: (batch, rows, columns) with one-batch boxes, a column-major operand
+    described as its transpose."""
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    return (_descriptor(a, bm, bk), _descriptor(b, bk, bn),
+            _descriptor(c, bm, bn) if c is not None else None)
+
+
+def _descriptor(t: torch.Tensor, box_rows: int, box_cols: int) -> TensorDescriptor:
+    batches, rows, cols = t.shape
+    batch_stride, row_stride, col_stride = t.stride()
+    if col_stride != 1:
+        rows, cols, row_stride, box_rows, box_cols = cols, rows, col_stride, box_cols, box_rows
+    if batches == 1:  # unused; must be a 16-byte multiple, as in _operand_descriptors
+        batch_stride = row_stride * rows
+    return TensorDescriptor(t, [batches, rows, cols], [batch_stride, row_stride, 1],
+                            [1, box_rows, box_cols])
+
+
 def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Global memory where programs write the tensor descriptors they create."""
     return torch.empty(size, dtype=torch.int8, device="cuda")
@@ -438,12 +469,15 @@ def launch(
     schedule: Schedule = Schedule.WORK_STEALING,
     use_tma: bool | None = None,
     tile_counts: torch.Tensor | None = None,
+    host_descriptors: bool | None = None,
 ):
     """Launch the kernel on already checked, non-empty 3-D operands. Returns what the launch
     gave (eagerly on a GPU, Triton's compiled kernel) and the kernel's arguments by name.
 
     use_tma: None loads through tensor descriptors wherever the device and A's and B's
     layouts allow them; C is then stored through one too if its layout allows.
+    host_descriptors: None builds the descriptors here for an eager launch and leaves them
+    to the programs for a traced one (torch.compile: no data pointers yet).
     """
     batches, m, k = a.shape
     n = b.shape[2]
@@ -467,7 +501,14 @@ def launch(
     elif use_tma and not tma_ok:
         raise ValueError("use_tma=True needs 16-byte aligned operands with a unit stride")
     tma_store = use_tma and c.stride(2) == 1 and _tma_compatible(c, traced)
+    if host_descriptors is None:
+        host_descriptors = not traced
+    descriptors = (None, None, None)
+    if use_tma and host_descriptors:
+        descriptors = _host_descriptors(a, b, c if tma_store else None, config)
     if use_tma and a.device.type == "cuda":
+        # For descriptors made by the programs. Triton's allocator is a context variable:
+        # a traced kernel runs later, so every launch (eager ones too) sets it.
         triton.set_allocator(_descriptor_scratch)
     partials = None
     if config.split_k > 1:
@@ -480,7 +521,7 @@ def launch(
     else:
         kernel = ws_matmul_kernel  # eager: a direct launch (the traceable wrapper costs ~0.3 ms)
     args = kernel_arguments(
-        a, b, c, bias, counters, partials, tile_counts,
+        a, b, c, bias, counters, partials, tile_counts, descriptors,
         sizes=(m, n, k, batches),
         strides=(a.stride(), b.stride(), c.stride(), bias.stride() if bias is not None else (0, 0)),
         alpha=alpha, beta=beta, config=config, num_shards=num_shards,
@@ -495,21 +536,23 @@ def launch(
     return kernel[(num_programs,)](**args, num_warps=config.num_warps, num_stages=config.num_stages), args
 
 
-def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, *, sizes, strides, alpha,
+def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, descriptors, *, sizes, strides, alpha,
                      beta, config: TileConfig, num_shards: int, work_stealing: bool,
                      tf32: bool, int64_index: bool, use_tma: bool,
                      a_row_major: bool, b_row_major: bool, tma_store: bool) -> dict:
     """ws_matmul_kernel's arguments by name, in its order, for the eager launch here and the
     launch that routing.py writes into Inductor's generated code (operands are IR nodes there).
 
+    descriptors: A's, B's and C's host-built tensor descriptors, each or all None;
     sizes: (M, N, K, batches); strides: A's, B's and C's (batch, row, column) strides and the
     bias's (row, column) strides.
     """
     m, n, k, batches = sizes
     stride_a, stride_b, stride_c, stride_bias = strides
+    a_desc, b_desc, c_desc = descriptors
     return dict(
         a_ptr=a, b_ptr=b, c_ptr=c, bias_ptr=bias, counters_ptr=counters, partials_ptr=partials,
-        tile_counts_ptr=tile_counts,
+        tile_counts_ptr=tile_counts, a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
         M=m, N=n, K=k, num_batches=batches,
         **dict(zip(("stride_ab", "stride_am", "stride_ak"), stride_a)),
         **dict(zip(("stride_bb", "stride_bk", "stride_bn"), stride_b)),
@@ -575,11 +618,12 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
     a3, b3 = (a, b) if batched else (a.unsqueeze(0), b.unsqueeze(0))
     batches, m, k = a3.shape
     n = b3.shape[2]
-    align = use_tma is None and devices.has_tma(a.device) and _aligning_pays(a3, b3)
     # Hopper's wgmma reads TF32 operands from shared memory only K-major; Triton otherwise
     # copies each tile through registers and cannot overlap the MMAs (~70 TFLOP/s on the
     # H200, NOTES.md step 11): give A K-contiguous rows and B K-contiguous columns.
     tf32_k_major = a.dtype == torch.float32 and tf32_enabled()
+    align = use_tma is None and devices.has_tma(a.device) and _aligning_pays(
+        a3, b3, TF32_COPY_MIN_FLOPS_PER_BYTE if tf32_k_major else ALIGN_MIN_FLOPS_PER_BYTE)
     fix_a = _operand_fix(a3, align, k_dim=2 if tf32_k_major else None)
     fix_b = _operand_fix(b3, align, k_dim=1 if tf32_k_major else None)
     a3, b3 = _fixed(a3, fix_a), _fixed(b3, fix_b)
@@ -612,8 +656,10 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
                                 counters, config=config, num_shards=num_shards,
                                 num_programs=num_programs, schedule=schedule, use_tma=use_tma)
     if plan_key is not None:
-        # The plan keeps no tensor: operands, output and buffers are the call's own.
-        kept = [None if isinstance(value, torch.Tensor) else value
+        # The plan keeps no tensor: operands, output and buffers are the call's own (the
+        # descriptors keep their layout and get the call's tensors as bases).
+        kept = [None if isinstance(value, torch.Tensor) else _rebased(value, None)
+                if isinstance(value, TensorDescriptor) else value
                 for value in (args[name] for name in ws_matmul_kernel.arg_names)]
         _remember(plan_key, _Plan(
             kernel=compiled, args=kept,
@@ -663,6 +709,14 @@ def _plan_key(a, b, bias, alpha, beta) -> tuple:
             a.dtype == torch.float32 and tf32_enabled(), os.environ.get(devices.SHARDS_ENV))
 
 
+def _rebased(descriptor: TensorDescriptor, base: torch.Tensor | None) -> TensorDescriptor:
+    """The descriptor over another tensor of the same layout (no re-validation: the plan's
+    key guarantees the layout and alignment)."""
+    descriptor = copy.copy(descriptor)
+    descriptor.base = base
+    return descriptor
+
+
 def _remember(key: tuple, plan: _Plan) -> None:
     if plan.kernel is None or not hasattr(plan.kernel, "run"):
         return  # not a compiled kernel (an asynchronous compile still running): next time
@@ -693,8 +747,9 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
             args[_SLOT["partials_ptr"]] = torch.empty(plan.partials_numel, dtype=torch.float32,
                                                       device=device)
         args[_SLOT["alpha"]], args[_SLOT["beta"]] = alpha, beta
-        if args[_SLOT["USE_TMA"]]:
-            triton.set_allocator(_descriptor_scratch)
+        for slot, base in ((_SLOT["a_desc"], a_arg), (_SLOT["b_desc"], b_arg), (_SLOT["c_desc"], c)):
+            if args[slot] is not None:
+                args[slot] = _rebased(args[slot], base)
         kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
         enter_hook = knobs.runtime.launch_enter_hook
         metadata = kernel.launch_metadata((plan.grid, 1, 1), stream, *args) if enter_hook else None
@@ -707,16 +762,20 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
 # pays when the GEMM does at least this many FLOPs per byte copied (with the copies, two
 # unaligned corpus shapes ran 3x and 15x faster on the H200 than on pointer loads: NOTES.md).
 ALIGN_MIN_FLOPS_PER_BYTE = 200
+# Under TF32 a K-major copy makes the GEMM itself ~4x faster (1000^3 on the H200: 62 us
+# with a row-major B, 16 us with B K-major), so copies pay from far smaller GEMMs.
+TF32_COPY_MIN_FLOPS_PER_BYTE = 64
 
 
-def _aligning_pays(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _aligning_pays(a: torch.Tensor, b: torch.Tensor,
+                   min_flops_per_byte: int = ALIGN_MIN_FLOPS_PER_BYTE) -> bool:
     """For (B, M, K) and (B, K, N) operands, not while tracing (no data to copy yet)."""
     if is_fake(a):
         return False
     batches, m, k = a.shape
     n = b.shape[2]
     copied_bytes = 2 * a.element_size() * batches * (m * k + k * n)
-    return 2 * batches * m * n * k >= ALIGN_MIN_FLOPS_PER_BYTE * copied_bytes
+    return 2 * batches * m * n * k >= min_flops_per_byte * copied_bytes
 
 
 def _operand_fix(t: torch.Tensor, align: bool, k_dim: int | None = None) -> str:

@@ -302,7 +302,7 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
         num_programs = devices.num_compute_units(device)
 
     kernel_args = kernel_arguments(
-        a, b, c, bias, counters, None, None,
+        a, b, c, bias, counters, None, None, (None, None, None),
         sizes=(m, n, k, batches),
         strides=(strides(a), strides(b), strides(c), bias_strides),
         alpha=_scalar(alpha), beta=_scalar(beta), config=config, num_shards=num_shards,
