@@ -8,6 +8,7 @@ import torch
 import tritonblas_ops  # noqa: F401  registers torch.ops.tritonblas
 from benchmarks import measure
 from benchmarks.providers import TORCH_MM, WORK_STEALING
+from tritonblas_ops.device import default_num_shards
 from tritonblas_ops.kernel import ws_matmul
 
 SIZE = 64
@@ -16,11 +17,13 @@ WARMUP_CALLS = 20
 
 def providers() -> dict:
     """name -> f(a, b). `ws` is the Python entry point under the op, to split the op's
-    dispatch cost from the launcher's."""
+    dispatch cost from the launcher's; `ws_uncached` passes a knob (the default shard
+    count), which skips the cached plan: every decision and Triton's own launch, each call."""
     return {
         TORCH_MM: torch.mm,
         "ws_op": torch.ops.tritonblas.ws_mm,
         WORK_STEALING: ws_matmul,
+        "ws_uncached": lambda a, b: ws_matmul(a, b, num_shards=default_num_shards(a.device)),
     }
 
 

@@ -66,7 +66,7 @@ def contention_table(rows: list[Row]) -> str:
 def overhead_table(rows: list[Row]) -> str:
     cell = {r.provider: r for r in rows}
     lines = [f"host wall time per eager call, {rows[0].shape} {rows[0].dtype} (us; p20 / p50 / p80 over trials)"]
-    lines += [f"  {p:<10}{r.p20_ms * 1e3:>8.1f}{r.p50_ms * 1e3:>8.1f}{r.p80_ms * 1e3:>8.1f}" for p, r in cell.items()]
+    lines += [f"  {p:<12}{r.p20_ms * 1e3:>8.1f}{r.p50_ms * 1e3:>8.1f}{r.p80_ms * 1e3:>8.1f}" for p, r in cell.items()]
     for p in (p for p in cell if p != TORCH_MM):
         lines.append(f"  {p} - torch_mm = {(cell[p].p50_ms - cell[TORCH_MM].p50_ms) * 1e3:+.1f} us per call")
     return "\n".join(lines)
