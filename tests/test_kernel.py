@@ -70,6 +70,20 @@ def test_tensor_descriptor_path_matches_reference(m, n, k, a_t, b_t, dtype, made
     assert_matches(out, matmul_ref(a3, b3), REL_TOLERANCE[dtype])
 
 
+def test_plan_descriptors_rebase_onto_new_tensors():
+    """A cached plan keeps its descriptors without tensors and rebases them per call: same
+    layout, the new base, the kept template untouched."""
+    a3 = torch.randn(2, 40, 24)
+    made = kernel._host_descriptors(a3, torch.randn(2, 24, 56), torch.empty(2, 40, 56), SMALL)
+    for descriptor in made:
+        template = kernel._rebased(descriptor, None)
+        other = torch.randn(2, 40, 24)
+        rebased = kernel._rebased(template, other)
+        assert rebased.base is other and template.base is None
+        assert (rebased.shape, rebased.strides, rebased.block_shape, rebased.padding) == (
+            descriptor.shape, descriptor.strides, descriptor.block_shape, descriptor.padding)
+
+
 def test_tensor_descriptors_refused_on_unaligned_strides():
     a, b = torch.randn(9, 7), torch.randn(7, 5)  # row strides of 28 and 20 bytes
     with pytest.raises(ValueError, match="use_tma=True needs 16-byte aligned operands"):
