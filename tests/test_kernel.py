@@ -271,7 +271,6 @@ def test_aligned_copy_pads_rows_or_columns_to_16_bytes(transposed):
     """The copies made for tensor descriptors: same values, the unit stride where asked for,
     rows (or columns) and batches starting on 16-byte boundaries (the padding is never
     read: descriptors clip at the edges)."""
-
     for dtype, cols in [(torch.bfloat16, 777), (torch.float32, 13), (torch.float16, 8)]:
         t = torch.randn(2, cols, 5, dtype=dtype).mT if transposed else torch.randn(2, 5, cols, dtype=dtype)
         for fix, unit_dim in (("rows", 2), ("columns", 1)):

@@ -94,35 +94,23 @@ def _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
 
 
 @triton.jit
-def _operand_descriptors(
-    a_ptr, b_ptr, M, N, K, num_batches,
-    stride_ab, stride_am, stride_ak,
-    stride_bb, stride_bk, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
-):
-    """A's and B's tensor descriptors, made by each program when the host built none
-    (traced launches): boxes of (1 batch, rows, columns), so one descriptor serves every
-    tile of every batch. Column-major operands are
-    described as their transposes (and transposed back in registers)."""
-    if num_batches == 1:
-        # The batch stride is then never used, but every stride of a descriptor must be a
-        # 16-byte multiple (a 2-D operand's may not be): take one that is.
-        stride_ab = stride_am * M if A_ROW_MAJOR else stride_ak * K
-        stride_bb = stride_bk * K if B_ROW_MAJOR else stride_bn * N
-    if A_ROW_MAJOR:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [num_batches, M, K], [stride_ab, stride_am, 1],
-                                           [1, BLOCK_M, BLOCK_K])
+def _program_descriptor(ptr, num_batches, rows, cols, stride_batch, stride_row, stride_col,
+                        BOX_ROWS: tl.constexpr, BOX_COLS: tl.constexpr, ROW_MAJOR: tl.constexpr):
+    """A (batch, rows, cols) operand's tensor descriptor, made by a program when the host
+    built none (traced launches), as _descriptor builds it on the host: a box of (1 batch,
+    rows, columns), so one descriptor serves every tile of every batch; a column-major
+    operand is described as its transpose (and transposed back in registers)."""
+    if ROW_MAJOR:
+        if num_batches == 1:  # unused, but every stride must be a 16-byte multiple
+            stride_batch = stride_row * rows
+        desc = tl.make_tensor_descriptor(ptr, [num_batches, rows, cols], [stride_batch, stride_row, 1],
+                                         [1, BOX_ROWS, BOX_COLS])
     else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [num_batches, K, M], [stride_ab, stride_ak, 1],
-                                           [1, BLOCK_K, BLOCK_M])
-    if B_ROW_MAJOR:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [num_batches, K, N], [stride_bb, stride_bk, 1],
-                                           [1, BLOCK_K, BLOCK_N])
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [num_batches, N, K], [stride_bb, stride_bn, 1],
-                                           [1, BLOCK_N, BLOCK_K])
-    return a_desc, b_desc
+        if num_batches == 1:
+            stride_batch = stride_col * cols
+        desc = tl.make_tensor_descriptor(ptr, [num_batches, cols, rows], [stride_batch, stride_col, 1],
+                                         [1, BOX_COLS, BOX_ROWS])
+    return desc
 
 
 @triton.jit
@@ -280,19 +268,14 @@ def ws_matmul_kernel(
 
     if USE_TMA:
         if a_desc is None:
-            a_desc, b_desc = _operand_descriptors(
-                a_ptr, b_ptr, M, N, K, num_batches,
-                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, A_ROW_MAJOR, B_ROW_MAJOR,
-            )
+            a_desc = _program_descriptor(a_ptr, num_batches, M, K, stride_ab, stride_am, stride_ak,
+                                         BLOCK_M, BLOCK_K, A_ROW_MAJOR)
+            b_desc = _program_descriptor(b_ptr, num_batches, K, N, stride_bb, stride_bk, stride_bn,
+                                         BLOCK_K, BLOCK_N, B_ROW_MAJOR)
     if TMA_STORE:  # row-major C
         if c_desc is None:
-            if num_batches == 1:  # as in _operand_descriptors
-                stride_cb = stride_cm * M
-            c_desc = tl.make_tensor_descriptor(
-                c_ptr, [num_batches, M, N], [stride_cb, stride_cm, 1],
-                [1, BLOCK_M, BLOCK_N],
-            )
+            c_desc = _program_descriptor(c_ptr, num_batches, M, N, stride_cb, stride_cm, stride_cn,
+                                         BLOCK_M, BLOCK_N, True)
 
     home_shard = pid % NUM_SHARDS
     dry_shards = 0
@@ -422,7 +405,7 @@ def _tma_compatible(t: torch.Tensor, traced: bool) -> bool:
 
 
 def _host_descriptors(a, b, c, config: TileConfig) -> tuple:
-    """A's, B's and (unless c is None) C's tensor descriptors, as _operand_descriptors makes
+    """A's, B's and (unless c is None) C's tensor descriptors, as _program_descriptor makes
     them in the kernel: (batch, rows, columns) with one-batch boxes, a column-major operand
     described as its transpose."""
     bm, bn, bk = config.block_m, config.block_n, config.block_k
@@ -435,7 +418,7 @@ def _descriptor(t: torch.Tensor, box_rows: int, box_cols: int) -> TensorDescript
     batch_stride, row_stride, col_stride = t.stride()
     if col_stride != 1:
         rows, cols, row_stride, box_rows, box_cols = cols, rows, col_stride, box_cols, box_rows
-    if batches == 1:  # unused; must be a 16-byte multiple, as in _operand_descriptors
+    if batches == 1:  # unused; must be a 16-byte multiple, as in _program_descriptor
         batch_stride = row_stride * rows
     return TensorDescriptor(t, [batches, rows, cols], [batch_stride, row_stride, 1],
                             [1, box_rows, box_cols])
@@ -590,8 +573,9 @@ def ws_matmul(
     first, and on a TMA GPU one whose rows are not 16-byte aligned (or, for TF32, whose K
     is not contiguous) is copied into aligned rows or columns when the GEMM is large
     enough to pay for it (_operand_fix). A config with swap_ab (the selector's choice for
-    M <= 16) launches C^T = B^T @ A^T. With the default knobs on a GPU, repeated calls with one shape, layout and alignment reuse the first
-    call's decisions and compiled kernel (_cached_launch).
+    M <= 16) launches C^T = B^T @ A^T. With the default knobs on a GPU, repeated calls with
+    one shape, layout and alignment reuse the first call's decisions and compiled kernel
+    (_cached_launch).
     """
     alpha, beta = float(alpha), float(beta)  # one kernel signature, whatever the caller passed
     default_knobs = (config is None and num_shards is None and num_programs is None
