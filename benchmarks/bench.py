@@ -60,14 +60,16 @@ def _run_gemms(env, shapes, provs, dtype, device, args) -> list[results.Row]:
     rows = []
     for shape in tqdm(shapes, unit="shape"):
         a, b, check_rows, ref = _inputs(shape, dtype, device)
+        verified = {}
         for prov in provs:
             try:
-                call, error = _verified_call(prov, shape, a, b, check_rows, ref)
+                verified[prov.name] = prov, *_verified_call(prov, shape, a, b, check_rows, ref)
             except OutOfResources as exc:  # a forced --configs tile that does not fit the SM
                 print(f"{prov.name} on {shape.name}: no row, {exc}")
-                continue
-            times = measure.time_ms(call, device, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
-            rows.append(_gemm_row(env, "gemm", shape, prov, a, times, error))
+        times = measure.time_ms({name: call for name, (_, call, _) in verified.items()}, device,
+                                warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+        rows += [_gemm_row(env, "gemm", shape, prov, a, times[name], error)
+                 for name, (prov, _, error) in verified.items()]
     return rows
 
 
@@ -79,11 +81,11 @@ def _run_contention(env, shapes, provs, held_list, dtype, device, args) -> list[
     rows = []
     for shape in shapes:
         a, b, check_rows, ref = _inputs(shape, dtype, device)
-        calls = {}
-        for prov in provs:
-            call, error = _verified_call(prov, shape, a, b, check_rows, ref)
-            unheld_ms = measure.time_ms(call, device, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)[1]
-            calls[prov.name] = call, error, unheld_ms, contention.gemms_per_window(unheld_ms)
+        verified = {prov.name: _verified_call(prov, shape, a, b, check_rows, ref) for prov in provs}
+        unheld = measure.time_ms({name: call for name, (call, _) in verified.items()}, device,
+                                 warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+        calls = {name: (call, error, unheld[name][1], contention.gemms_per_window(unheld[name][1]))
+                 for name, (call, error) in verified.items()}
         for held in tqdm(held_list, desc=f"{shape.name} held SMs"):
             samples = {p.name: [] for p in provs}
             # Providers take turns inside each trial, so slow drifts (clocks, heat) hit all alike.

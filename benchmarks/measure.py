@@ -24,46 +24,52 @@ REFERENCE_ROWS = 256
 MIN_CPU_REPS = 3
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, *, warmup_ms: float,
-            rep_ms: float) -> tuple[float, float, float]:
-    """(p20, p50, p80) milliseconds of GPU time of one call of fn, with a cold L2.
+def time_ms(fns: dict[str, Callable[[], object]], device: torch.device, *, warmup_ms: float,
+            rep_ms: float) -> dict[str, tuple[float, float, float]]:
+    """{name: (p20, p50, p80) milliseconds of GPU time of one call of fn}, with a cold L2.
 
-    On the GPU, fn is captured in a CUDA graph, GRAPH_CALLS times, each call after a 256 MB
-    write that evicts L2; a second graph holds the writes alone. Both are replayed in turn
-    and one call's time is the difference of their median replay times over GRAPH_CALLS.
+    On the GPU, each fn is captured in a CUDA graph, GRAPH_CALLS times, each call after a
+    256 MB write that evicts L2; one more graph holds the writes alone. All graphs are
+    replayed in turn, so slow drifts (clocks, heat) hit every fn alike (timed one after the
+    other, the last fn ran on a warmer GPU: NOTES.md step 13), and a call's time is the
+    difference of its graph's and the writes' median replay times over GRAPH_CALLS.
     Replaying takes the host out of the number: an eager call's host time is what the
     --overhead mode measures. (triton.testing.do_bench, timing eager calls, reported the
-    host's time, not the GPU's, for every GEMM shorter than a launch.)
+    host's time, not the GPU's, for every GEMM shorter than a launch.) rep_ms is GPU time
+    per fn.
     On the CPU (--smoke) it is perf_counter around each call, at least MIN_CPU_REPS calls.
     """
     if device.type == "cuda":
-        return _graph_time_ms(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
-    return _cpu_time_ms(fn, rep_ms)
+        return _graph_time_ms(fns, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    return {name: _cpu_time_ms(fn, rep_ms) for name, fn in fns.items()}
 
 
 GRAPH_CALLS = 8
 FLUSH_BYTES = 256 * 2**20
+FLUSH = object()  # the key of the graph of L2 flushes alone
 
 
-def _graph_time_ms(fn, *, warmup_ms: float, rep_ms: float) -> tuple[float, float, float]:
+def _graph_time_ms(fns, *, warmup_ms: float, rep_ms: float) -> dict[str, tuple[float, float, float]]:
     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile, autotune and allocate before capturing
-        for _ in range(3):
-            fn()
+        for fn in fns.values():
+            for _ in range(3):
+                fn()
     torch.cuda.current_stream().wait_stream(side)
 
-    def capture(with_fn: bool) -> torch.cuda.CUDAGraph:
+    def capture(fn) -> torch.cuda.CUDAGraph:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(GRAPH_CALLS):
                 flush.zero_()
-                if with_fn:
+                if fn is not None:
                     fn()
         return graph
 
-    graphs = {"gemm": capture(True), "flush": capture(False)}
+    graphs = {name: capture(fn) for name, fn in fns.items()}
+    graphs[FLUSH] = capture(None)
 
     def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -73,17 +79,21 @@ def _graph_time_ms(fn, *, warmup_ms: float, rep_ms: float) -> tuple[float, float
         end.synchronize()
         return start.elapsed_time(end)
 
-    deadline = time.perf_counter() + warmup_ms / 1e3
-    per_replay = replay_ms(graphs["gemm"]) + replay_ms(graphs["flush"])
+    def round_ms() -> float:
+        return sum(replay_ms(graph) for graph in graphs.values())
+
+    deadline = time.perf_counter() + warmup_ms * len(fns) / 1e3
+    per_round = round_ms()
     while time.perf_counter() < deadline:  # clocks up; sizes the timed run
-        per_replay = replay_ms(graphs["gemm"]) + replay_ms(graphs["flush"])
-    replays = max(10, int(rep_ms / per_replay))
+        per_round = round_ms()
+    rounds = max(10, int(rep_ms * len(fns) / per_round))
     samples = {name: [] for name in graphs}
-    for _ in range(replays):  # in turn, so that slow drifts (clocks, heat) hit both alike
+    for _ in range(rounds):
         for name, graph in graphs.items():
             samples[name].append(replay_ms(graph))
-    flush_ms = quantiles(samples["flush"])[1]
-    return tuple((t - flush_ms) / GRAPH_CALLS for t in quantiles(samples["gemm"]))
+    flush_ms = quantiles(samples.pop(FLUSH))[1]
+    return {name: tuple((t - flush_ms) / GRAPH_CALLS for t in quantiles(times))
+            for name, times in samples.items()}
 
 
 def _cpu_time_ms(fn, rep_ms):

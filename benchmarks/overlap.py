@@ -123,8 +123,10 @@ def _measure(cases, reps, streams, device):
     samples = {name: {} for name in cases}
     for rep in range(WARMUP + reps):
         for name, (gemm, comm) in cases.items():
+            queue_ms = []
             for _ in range(ATTEMPTS):
-                times, clean = _gpu_trial(gemm, comm, streams) if streams else _cpu_trial(gemm, comm)
+                times, clean, queued_ms = _gpu_trial(gemm, comm, streams) if streams else _cpu_trial(gemm, comm)
+                queue_ms.append(queued_ms)
                 # Ranks keep or redo a trial together (their all-reduces pair up); this
                 # collective also lines up the ranks' next trials.
                 flag = torch.tensor([int(clean)], device=device)
@@ -132,8 +134,10 @@ def _measure(cases, reps, streams, device):
                 if flag.item():
                     break
             else:
+                # Host times well under the delay would mean the delay kernel ended early.
                 raise RuntimeError(f"{name}: queuing a trial took the host over {contention.DELAY_MS} ms, "
-                                   f"{ATTEMPTS} times in a row")
+                                   f"{ATTEMPTS} times in a row (host times "
+                                   f"{', '.join(f'{ms:.2f}' for ms in queue_ms)} ms)")
             if rep >= WARMUP:
                 for key, ms in times.items():
                     samples[name].setdefault(key, []).append(ms)
@@ -143,6 +147,7 @@ def _measure(cases, reps, streams, device):
 def _gpu_trial(gemm, comm, streams):
     main_stream, comm_stream, gemm_stream = streams
     ev = {k: torch.cuda.Event(enable_timing=True) for k in ("start", "go", "comm", "gemm", "done")}
+    begin = time.perf_counter()
     with torch.cuda.stream(main_stream):
         delay = sm_hog.hold_sms(1, contention.DELAY_MS)
         ev["start"].record()
@@ -158,12 +163,13 @@ def _gpu_trial(gemm, comm, streams):
                 ev[key].record()
             main_stream.wait_event(ev[key])
     ev["done"].record(main_stream)
+    queued_ms = (time.perf_counter() - begin) * 1e3
     queued_in_time = delay.active()
     ev["done"].synchronize()
     if isinstance(launched.get("comm"), sm_hog.Hold):
         launched["comm"].check_distinct_sms()
     times = {key: ev[waits_for[key]].elapsed_time(ev[key]) for key in launched}
-    return {"wall": ev["start"].elapsed_time(ev["done"]), **times}, queued_in_time
+    return {"wall": ev["start"].elapsed_time(ev["done"]), **times}, queued_in_time, queued_ms
 
 
 def _cpu_trial(gemm, comm):
@@ -173,7 +179,8 @@ def _cpu_trial(gemm, comm):
             begin = time.perf_counter()
             fn()
             times[key] = (time.perf_counter() - begin) * 1e3
-    return {"wall": (time.perf_counter() - start) * 1e3, **times}, True
+    wall_ms = (time.perf_counter() - start) * 1e3
+    return {"wall": wall_ms, **times}, True, wall_ms
 
 
 def _rows(env, shape, held, provs, checked, samples) -> list[results.Row]:
