@@ -10,7 +10,7 @@ import torch
 from torch.library import opcheck
 
 import tritonblas_ops  # noqa: F401
-from tritonblas_ops import kernel
+from tritonblas_ops import counters, kernel, relayout
 from tritonblas_ops.config import select_config
 from tritonblas_ops.kernel import Schedule, ws_matmul
 from tritonblas_ops.testing import (
@@ -148,6 +148,17 @@ def test_tf32_launch_gives_the_kernel_k_major_operands(precision, size):
     assert torch.equal(ws_matmul(a, b), out)
 
 
+@pytest.mark.parametrize("shape", [(1000, 777), (3, 4096, 1000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposing_copy_is_exact(shape, dtype):
+    """The tiled kernel behind K-major and aligned-row copies of transposed operands."""
+    *batch, rows, cols = shape
+    src = torch.randn(*batch, cols, rows, dtype=dtype, device="cuda").mT
+    dst = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    assert relayout.copy_into(dst, src) is dst
+    assert torch.equal(dst, src)
+
+
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True)])
 @pytest.mark.parametrize("m,n,k,batches", [(4095, 4097, 4093, 1), (2049, 1023, 777, 1), (1000, 1000, 1001, 3)])
 def test_unaligned_operands_are_copied_aligned_for_descriptors(m, n, k, batches, a_t, b_t):
@@ -250,6 +261,37 @@ def test_cuda_graph_capture_and_replay_with_new_inputs():
         graph.replay()
         torch.cuda.synchronize()
         assert_matches(out, matmul_ref(a, b, bias), REL_TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.parametrize("slab", ["slices", "spent"])
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (256, 512, 32768)], ids=["whole", "split_k"])
+def test_two_graphs_replayed_at_once_on_two_streams(m, n, k, slab, monkeypatch):
+    """Every captured launch has counters of its own (a slice of the slab, or with the slab
+    spent, zeros of its own in the graph), so two graphs replayed at the same time on two
+    streams both stay right; shared counters would give each tile to one of them only."""
+    pairs = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+              torch.randn(k, n, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
+    torch.ops.tritonblas.ws_mm(*pairs[0])  # compiles; makes the slab
+    torch.cuda.synchronize()
+    if slab == "spent":
+        index = torch.cuda.current_device()
+        monkeypatch.setitem(counters._slab_used, index, counters._slabs[index].numel())
+    graphs, outs = [torch.cuda.CUDAGraph() for _ in pairs], []
+    for graph, (a, b) in zip(graphs, pairs):
+        with torch.cuda.graph(graph):
+            outs.append(torch.ops.tritonblas.ws_mm(a, b))
+    streams = [torch.cuda.Stream() for _ in pairs]
+    refs = [matmul_ref(a, b) for a, b in pairs]
+    for _ in range(10):
+        for out in outs:
+            out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        for graph, stream in zip(graphs, streams):
+            with torch.cuda.stream(stream):
+                graph.replay()
+        torch.cuda.synchronize()
+        for out, ref in zip(outs, refs):
+            assert_matches(out, ref, REL_TOLERANCE[torch.bfloat16])
 
 
 def test_a_failed_call_leaves_later_calls_right():

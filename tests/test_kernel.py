@@ -10,6 +10,7 @@ import torch
 from tritonblas_ops import device as devices
 from tritonblas_ops import kernel
 from tritonblas_ops import config as configs
+from tritonblas_ops import counters, relayout
 from tritonblas_ops.config import TileConfig, num_tiles, select_config
 from tritonblas_ops.kernel import Schedule, counter_elements, launch, ws_matmul
 from tritonblas_ops.testing import (
@@ -135,6 +136,39 @@ def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule, sp
     assert_every_unit_computed_once(a, b, dataclasses.replace(SMALL, split_k=split_k),
                                     num_shards=num_shards, num_programs=num_programs,
                                     schedule=schedule, tolerance=REL_TOLERANCE[torch.float32])
+
+
+def test_launches_share_one_counter_buffer_left_at_zero():
+    """Eager launches on one device (and on a GPU, one stream) share a counter buffer,
+    zeroed when it is made or grown and left at zero by every launch, so none fills its own:
+    work stealing over 3 shards, then split-K (more counters: the buffer grows), then 8
+    shards with more programs than units for some shards."""
+    cases = [(SMALL, 3, 5), (dataclasses.replace(SMALL, split_k=3), 2, 4), (SMALL, 8, 3)]
+    for config, shards, programs in cases:
+        a, b = torch.randn(37, 50), torch.randn(50, 29)
+        out = ws_matmul(a, b, config=config, num_shards=shards, num_programs=programs)
+        assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.float32])
+        buffer = counters._eager[("cpu", None)]
+        assert buffer.numel() >= counter_elements(shards, num_tiles(37, 29, 1, config), config.split_k)
+        assert (buffer == 0).all(), (config, shards, programs)
+
+
+def test_one_wave_launches_take_the_static_schedule(monkeypatch):
+    """No more work units than programs: each program has one unit at most, nothing to
+    steal, so no claims; more units than programs: work stealing."""
+    schedules = []
+    original = kernel.launch
+
+    def spy(*args, **kwargs):
+        schedules.append(kwargs["schedule"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "launch", spy)
+    a, b = torch.randn(40, 30), torch.randn(30, 50)  # 3 x 4 tiles of SMALL
+    for programs in (None, 12, 16):  # None: the interpreter's 4 programs
+        assert_matches(ws_matmul(a, b, config=SMALL, num_programs=programs), matmul_ref(a, b),
+                       REL_TOLERANCE[torch.float32])
+    assert schedules == [Schedule.WORK_STEALING, Schedule.STATIC, Schedule.STATIC]
 
 
 @pytest.mark.parametrize("split_k", [2, 3, 4])
@@ -283,6 +317,21 @@ def test_aligned_copy_pads_rows_or_columns_to_16_bytes(transposed):
     assert kernel._operand_fix(torch.randn(1, 4, 6)[:, :, ::2], align=False) == "contiguous"
     assert kernel._operand_fix(torch.randn(1, 4, 7), align=False) == ""
     assert kernel._operand_fix(torch.randn(1, 4, 7), align=True) == "rows"
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (1, 64, 64), (3, 70, 130)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_transposing_copy_kernel_is_exact(shape, dtype):
+    """The tiled kernel behind TF32's K-major copies on a GPU, run by the interpreter: every
+    element lands where copy_ puts it (ragged tiles, batches, 2-D views), nothing outside
+    the destination is written."""
+    *batch, rows, cols = shape
+    src = torch.randn(*batch, cols, rows).to(dtype).mT  # contiguous along rows
+    buffer = torch.full((*batch, rows, cols + 3), 7.0, dtype=dtype)
+    dst = buffer[..., :cols]
+    relayout.launch(kernel._InterpretedKernel(relayout._relayout_kernel), dst, src)
+    assert torch.equal(dst, src)
+    assert (buffer[..., cols:] == 7).all(), "the copy wrote past the destination's rows"
 
 
 def test_tf32_operands_are_copied_k_major():

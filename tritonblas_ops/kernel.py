@@ -6,7 +6,8 @@ into NUM_SHARDS contiguous shards, each with an atomic counter. Program p starts
 p % NUM_SHARDS (on AMD that is its XCD, so its tiles stay in that XCD's L2), claims units
 there until the shard is dry, then steals from the other shards in order. Every unit is
 computed exactly once, by whichever program claims it, for any grid size and however many
-programs actually run (other kernels may hold SMs).
+programs actually run (other kernels may hold SMs). A launch with no more units than
+programs takes the static schedule instead: with one unit each there is nothing to steal.
 
 Each unit runs its K range in one program, in a fixed order; with split-K the tile's last
 slice to arrive sums the fp32 partials in slice order. Results are bitwise reproducible
@@ -32,7 +33,10 @@ from torch.library import wrap_triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritonblas_ops import device as devices
+from tritonblas_ops import relayout
 from tritonblas_ops.config import TileConfig, num_tiles, select_config
+from tritonblas_ops.counters import discard as discard_counters
+from tritonblas_ops.counters import zeroed as zeroed_counters
 
 
 class Schedule(enum.Enum):
@@ -67,12 +71,15 @@ def _shard_begin(shard, num_units, NUM_SHARDS: tl.constexpr):
 
 
 @triton.jit
-def _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
+def _claim_unit(counters_ptr, home_shard, dry_shards, num_units, num_programs,
                 NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr):
     """The next work unit for this program, or -1 once every shard is dry.
 
     `dry_shards` counts the shards, from the home shard on, that this program has found
-    empty; it is carried between calls so no program asks an empty shard twice.
+    empty; it is carried between calls so no program asks an empty shard twice, and every
+    program asks every shard once after it ran dry. So the last claim a shard ever gets
+    returns its size + num_programs - 1, and its program resets the counter for the next
+    launch (counters.py: no launch zeroes its buffer).
     """
     unit = -1
     while (unit < 0) & (dry_shards < NUM_SHARDS):
@@ -84,6 +91,8 @@ def _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
         if claimed < size:
             unit = begin + claimed
         else:
+            if claimed == size + num_programs - 1:
+                tl.store(counters_ptr + shard * COUNTER_STRIDE, 0)
             dry_shards += 1
     return unit, dry_shards
 
@@ -236,7 +245,7 @@ def ws_matmul_kernel(
     b_ptr,  # (B, K, N), any strides
     c_ptr,  # (B, M, N), written
     bias_ptr,  # (M, N) view (broadcast strides may be 0), or None
-    counters_ptr,  # int32 (counter_elements(...),), zero at launch; see counter_elements
+    counters_ptr,  # int32 (counter_elements(...),), zero at launch and left at zero
     partials_ptr,  # fp32 (tiles * SPLIT_K * BLOCK_M * BLOCK_N,) workspace, or None (SPLIT_K 1)
     tile_counts_ptr,  # int32 (tiles * SPLIT_K,) zeroed, or None: +1 per work unit done (tests)
     # Under USE_TMA, A's and B's tensor descriptors built on the host (eager launches), or
@@ -281,7 +290,7 @@ def ws_matmul_kernel(
     dry_shards = 0
     if WORK_STEALING:
         unit, dry_shards = _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
-                                       NUM_SHARDS, COUNTER_STRIDE)
+                                       num_programs, NUM_SHARDS, COUNTER_STRIDE)
     else:
         unit = tl.where(pid < num_units, pid, -1)
 
@@ -301,7 +310,7 @@ def ws_matmul_kernel(
         # round trip (~0.5 us) and holds the claim no longer than the epilogue lasts.
         if WORK_STEALING:
             next_unit, dry_shards = _claim_unit(counters_ptr, home_shard, dry_shards, num_units,
-                                                NUM_SHARDS, COUNTER_STRIDE)
+                                                num_programs, NUM_SHARDS, COUNTER_STRIDE)
         else:
             next_unit = unit + num_programs
             next_unit = tl.where(next_unit < num_units, next_unit, -1)
@@ -430,9 +439,9 @@ def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.
 
 
 def counter_elements(num_shards: int, num_tiles: int, split_k: int) -> int:
-    """int32 counters one launch uses, each zero at launch: a claim counter per shard, each
-    on its own COUNTER_STRIDE line, then for split-K an arrival counter per tile (which the
-    launch leaves at zero again)."""
+    """int32 counters one launch uses, each zero at launch and left at zero by it: a claim
+    counter per shard, each on its own COUNTER_STRIDE line, then for split-K an arrival
+    counter per tile."""
     return num_shards * devices.COUNTER_STRIDE + (num_tiles if split_k > 1 else 0)
 
 
@@ -630,14 +639,26 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
     tiles = num_tiles(m, n, batches, config)
     if num_programs is None:
         num_programs = min(devices.num_compute_units(a.device), tiles * config.split_k)
+    if tiles * config.split_k <= num_programs:
+        # One wave: each program has at most one unit, and one whose SM is held by other
+        # work runs it as soon as a thief could have (when one of ours or the other work
+        # frees an SM). Stealing would buy nothing; its claims cost ~1 us (NOTES.md step 13).
+        schedule = Schedule.STATIC
     numel = counter_elements(num_shards, tiles, config.split_k)
-    counters = torch.zeros(numel, dtype=torch.int32, device=a.device)
+    if type(a) in _PLAIN and a.device.type in ("cuda", "cpu"):
+        counters = zeroed_counters(numel, a.device)
+    else:  # traced: the zeros enter the graph
+        counters = torch.zeros(numel, dtype=torch.int32, device=a.device)
     # Triton launches on the current device, and descriptor scratch is allocated there.
     guard = torch.cuda._DeviceGuard(a.device.index) if a.is_cuda else contextlib.nullcontext()
-    with guard:
-        compiled, args = launch(a3, b3, c3, bias, alpha, beta,
-                                counters, config=config, num_shards=num_shards,
-                                num_programs=num_programs, schedule=schedule, use_tma=use_tma)
+    try:
+        with guard:
+            compiled, args = launch(a3, b3, c3, bias, alpha, beta,
+                                    counters, config=config, num_shards=num_shards,
+                                    num_programs=num_programs, schedule=schedule, use_tma=use_tma)
+    except BaseException:
+        discard_counters(counters)
+        raise
     if plan_key is not None:
         # The plan keeps no tensor: operands, output and buffers are the call's own (the
         # descriptors keep their layout and get the call's tensors as bases).
@@ -728,7 +749,7 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
         args[_SLOT["a_ptr"]], args[_SLOT["b_ptr"]] = a_arg, b_arg
         c = args[_SLOT["c_ptr"]] = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
         args[_SLOT["bias_ptr"]] = bias if plan.has_bias else None
-        args[_SLOT["counters_ptr"]] = torch.zeros(plan.counters_numel, dtype=torch.int32, device=device)
+        args[_SLOT["counters_ptr"]] = zeroed_counters(plan.counters_numel, device)
         if plan.partials_numel:
             args[_SLOT["partials_ptr"]] = torch.empty(plan.partials_numel, dtype=torch.float32,
                                                       device=device)
@@ -780,7 +801,7 @@ def _fixed(t: torch.Tensor, fix: str) -> torch.Tensor:
         per_16_bytes = 16 // t.element_size()
         cols = t.shape[-1]
         padded = t.new_empty(*t.shape[:-1], -(-cols // per_16_bytes) * per_16_bytes)
-        return padded[..., :cols].copy_(t)
+        return relayout.copy_into(padded[..., :cols], t)
     if fix == "columns":
         return _fixed(t.mT, "rows").mT
     if fix == "contiguous":
