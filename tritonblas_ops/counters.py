@@ -87,7 +87,9 @@ def discard(buffer: torch.Tensor) -> None:
     with _lock:
         for key, kept in list(_eager.items()):
             if kept is buffer:
-                _outgrown.append(_eager.pop(key))  # earlier launches may still be using it
+                del _eager[key]
+                if kept.is_cuda:
+                    _outgrown.append(kept)  # launches queued before may still be using it
 
 
 def _captured(numel: int, device: torch.device) -> torch.Tensor:
