@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from tritonblas_ops import device as devices
-from tritonblas_ops import kernel
 from tritonblas_ops import config as configs
-from tritonblas_ops import counters, relayout
+from tritonblas_ops import counters, kernel, relayout
 from tritonblas_ops.config import TileConfig, num_tiles, select_config
 from tritonblas_ops.kernel import Schedule, counter_elements, launch, ws_matmul
 from tritonblas_ops.testing import (
@@ -337,7 +336,6 @@ def test_transposing_copy_kernel_is_exact(shape, dtype):
 def test_tf32_operands_are_copied_k_major():
     """TF32's wgmma reads K-major operands only: where copies pay, A gets K-contiguous rows
     and B K-contiguous columns; a layout that already has them is left alone."""
-
     a, b = torch.randn(1, 8, 16), torch.randn(1, 16, 8)  # row-major: A is K-major, B is not
     assert kernel._operand_fix(a, align=True, k_dim=2) == ""
     assert kernel._operand_fix(b, align=True, k_dim=1) == "columns"

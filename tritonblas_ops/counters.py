@@ -34,7 +34,7 @@ _lock = threading.Lock()
 _eager: dict[tuple, torch.Tensor] = {}  # (device, stream) -> zeroed buffer
 _slabs: dict[int, torch.Tensor] = {}  # device index -> zeroed slab for captured launches
 _slab_used: dict[int, int] = {}  # device index -> elements handed out
-_outgrown: list[torch.Tensor] = []  # replaced or discarded eager buffers, kept alive
+_outgrown: list[torch.Tensor] = []  # retired GPU buffers, kept alive (_retire)
 
 
 def zeroed(numel: int, device: torch.device) -> torch.Tensor:
@@ -49,11 +49,9 @@ def zeroed(numel: int, device: torch.device) -> torch.Tensor:
     buffer = _eager.get(key)
     if buffer is None or buffer.numel() < numel:
         with _lock:
-            # Grown by doubling; an outgrown buffer is kept (its block may belong to another
-            # stream than the launches still queued on it).
-            grown = max(numel, 2 * buffer.numel() if buffer is not None else 0)
+            grown = max(numel, 2 * buffer.numel() if buffer is not None else 0)  # by doubling
             if buffer is not None:
-                _outgrown.append(buffer)
+                _retire(buffer)
             buffer = _eager[key] = _lasting_zeros(grown, device)
             if device.type == "cuda" and device.index not in _slabs:
                 _slabs[device.index] = _lasting_zeros(GRAPH_SLAB_ELEMENTS, device)
@@ -88,8 +86,15 @@ def discard(buffer: torch.Tensor) -> None:
         for key, kept in list(_eager.items()):
             if kept is buffer:
                 del _eager[key]
-                if kept.is_cuda:
-                    _outgrown.append(kept)  # launches queued before may still be using it
+                _retire(kept)
+
+
+def _retire(buffer: torch.Tensor) -> None:
+    """Drop a buffer no launch will be given again. A GPU one is kept alive: launches
+    queued before may still use it, and its block belongs to the allocating thread's
+    stream, not theirs, so the allocator could hand it out under them."""
+    if buffer.is_cuda:
+        _outgrown.append(buffer)
 
 
 def _captured(numel: int, device: torch.device) -> torch.Tensor:
