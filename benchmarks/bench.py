@@ -105,10 +105,11 @@ def _run_overhead(env, dtype, device, *, smoke: bool) -> list[results.Row]:
     size = overhead.SIZE
     a = torch.randn(size, size, dtype=dtype, device=device)
     b = torch.randn(size, size, dtype=dtype, device=device)
-    calls_per_trial, trials = (10, 3) if smoke else (2000, 7)
+    calls_per_trial, trials = (10, 3) if smoke else (1000, 21)
+    per_call = overhead.us_per_call(overhead.providers(), a, b, calls_per_trial=calls_per_trial,
+                                    trials=trials)
     rows = []
-    for name, fn in overhead.providers().items():
-        us = overhead.us_per_call(fn, a, b, calls_per_trial=calls_per_trial, trials=trials)
+    for name, us in per_call.items():
         rows.append(results.row(
             env, mode="overhead", dtype=str(dtype).removeprefix("torch."), group="overhead",
             shape=f"{size}x{size}x{size}", m=size, n=size, k=size, provider=name, num_shards=None,

@@ -27,21 +27,25 @@ def providers() -> dict:
     }
 
 
-def us_per_call(fn, a, b, *, calls_per_trial: int, trials: int) -> tuple[float, float, float]:
-    """(p20, p50, p80) over trials of wall microseconds per call: `calls_per_trial` calls with
-    no sync between them, one sync at the end. If the GPU were slower than the host this
-    would measure the GPU; at 64^3 the host is the slower side."""
-    for _ in range(WARMUP_CALLS):
-        fn(a, b)
-    _sync(a.device)
-    samples = []
-    for _ in range(trials):
-        start = time.perf_counter()
-        for _ in range(calls_per_trial):
+def us_per_call(fns: dict, a, b, *, calls_per_trial: int, trials: int) -> dict:
+    """name -> (p20, p50, p80) over trials of wall microseconds per call: `calls_per_trial`
+    calls with no sync between them, one sync at the end. The providers take turns, one
+    trial each, so a host whose speed drifts (clocks, other tenants) weighs on all of them
+    alike. If the GPU were slower than the host this would measure the GPU; at 64^3 the
+    host is the slower side."""
+    for fn in fns.values():
+        for _ in range(WARMUP_CALLS):
             fn(a, b)
-        _sync(a.device)
-        samples.append((time.perf_counter() - start) / calls_per_trial * 1e6)
-    return measure.quantiles(samples)
+    _sync(a.device)
+    samples = {name: [] for name in fns}
+    for _ in range(trials):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls_per_trial):
+                fn(a, b)
+            _sync(a.device)
+            samples[name].append((time.perf_counter() - start) / calls_per_trial * 1e6)
+    return {name: measure.quantiles(times) for name, times in samples.items()}
 
 
 def _sync(device: torch.device) -> None:

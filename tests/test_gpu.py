@@ -7,10 +7,12 @@ import itertools
 
 import pytest
 import torch
+import triton
 from torch.library import opcheck
 
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops import counters, kernel, relayout
+from tritonblas_ops import device as devices
 from tritonblas_ops.config import select_config
 from tritonblas_ops.kernel import Schedule, ws_matmul
 from tritonblas_ops.testing import (
@@ -102,8 +104,7 @@ def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule, sp
                                    (1, 4096, 14336), (1000, 1000, 8000), (77, 333, 9999)])
 def test_split_k_shapes_the_selector_splits(m, n, k):
     """The skinny and K-heavy shapes select_config splits: right, and bitwise equal run to
-    run and whatever the grid (the slices are summed in slice order by the last to arrive),
-    also while another stream holds most SMs."""
+    run and whatever the grid (the slices are summed in slice order, whoever sums them)."""
     a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
     config = select_config(m, n, k, 1, a.dtype, a.device)
@@ -206,6 +207,36 @@ def test_cached_launch_matches_the_first_launch_and_reuses_its_plan():
     column_major = a.t().contiguous().t(), b.t().contiguous().t()
     for _ in range(2):
         assert_matches(torch.ops.tritonblas.ws_mm(*column_major), matmul_ref(a, b), REL_TOLERANCE[torch.float16])
+
+
+CACHED_CASES = {  # (M, N, K, A transposed, B transposed, bias, dtype)
+    "tma_store": (3000, 4000, 1000, False, False, True, torch.bfloat16),
+    "split_k": (256, 512, 32768, False, False, True, torch.bfloat16),
+    "swap_ab": (5, 4000, 4096, False, True, True, torch.bfloat16),
+    "pointer_loads": (333, 222, 999, False, False, False, torch.float16),  # 1998-byte rows
+    "aligned_copies": (2049, 1023, 777, True, False, False, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", list(CACHED_CASES))
+def test_cached_calls_launch_through_the_direct_launcher(case):
+    """On this Triton the cached plan calls the compiled kernel's C launcher itself
+    (kernel._DirectLaunch: pointers as integers, descriptors encoded per call): the plan
+    has one, and its results are bitwise those of Triton's own launcher (the uncached
+    path) for every kind of launch, with new tensors on every call."""
+    m, n, k, a_t, b_t, has_bias, dtype = CACHED_CASES[case]
+    kernel._plans.clear()
+    for call in range(3):
+        a, b = operand(m, k, dtype, a_t), operand(k, n, dtype, b_t)
+        bias = torch.randn(n, dtype=dtype, device="cuda") if has_bias else None
+        out = ws_matmul(a, b, bias, alpha=0.5, beta=2.0)
+        (plan,) = kernel._plans.values()
+        assert plan.direct is not None, (
+            f"no direct launch for {case}: Triton {triton.__version__}'s launcher is not the "
+            f"shape _DirectLaunch.build expects")
+        uncached = ws_matmul(a, b, bias, alpha=0.5, beta=2.0, num_shards=devices.default_num_shards(a.device))
+        assert torch.equal(out, uncached), (case, call)
+        assert_matches(out, matmul_ref(a, b, bias, alpha=0.5, beta=2.0), REL_TOLERANCE[dtype])
 
 
 def test_bitwise_identical_across_runs_and_schedules():

@@ -154,7 +154,9 @@ def test_launches_share_one_counter_buffer_left_at_zero():
 
 def test_one_wave_launches_take_the_static_schedule(monkeypatch):
     """No more work units than programs: each program has one unit at most, nothing to
-    steal, so no claims; more units than programs: work stealing."""
+    steal, so no claims; more units than programs: work stealing. One wave of split-K keeps
+    work stealing when the static schedule's last slice would sum more than
+    LAST_SLICE_SUM_MAX_BYTES of partials alone."""
     schedules = []
     original = kernel.launch
 
@@ -167,15 +169,22 @@ def test_one_wave_launches_take_the_static_schedule(monkeypatch):
     for programs in (None, 12, 16):  # None: the interpreter's 4 programs
         assert_matches(ws_matmul(a, b, config=SMALL, num_programs=programs), matmul_ref(a, b),
                        REL_TOLERANCE[torch.float32])
-    assert schedules == [Schedule.WORK_STEALING, Schedule.STATIC, Schedule.STATIC]
+    a, b = torch.randn(40, 600), torch.randn(600, 50)  # one tile of each config below
+    for split_k, block in ((3, 64), (16, 128)):  # 48 KB and 1 MB of partials
+        config = TileConfig(block, block, 32, split_k=split_k)
+        assert_matches(ws_matmul(a, b, config=config, num_programs=16), matmul_ref(a, b),
+                       REL_TOLERANCE[torch.float32])
+    assert schedules == [Schedule.WORK_STEALING, Schedule.STATIC, Schedule.STATIC,
+                         Schedule.STATIC, Schedule.WORK_STEALING]
 
 
 @pytest.mark.parametrize("split_k", [2, 3, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_split_k_matches_the_reference_and_is_bitwise_reproducible(split_k, dtype):
-    """K slices summed by whichever slice arrives last, always in slice order: right at ragged
-    edges (K not a multiple of the block or of the split, slices that get no K), with the
-    bias epilogue applied once, and bitwise equal whatever the schedule and grid."""
+    """K slices summed in slice order (by sum units of a few rows each under work stealing,
+    by the tile's last slice under the static schedule): right at ragged edges (K not a
+    multiple of the block or of the split, slices that get no K), with the bias epilogue
+    applied once, and bitwise equal whatever the schedule and grid."""
     config = dataclasses.replace(SMALL, split_k=split_k)
     tol = REL_TOLERANCE[dtype]
     for m, n, k in [(37, 41, 100), (16, 16, 17), (20, 9, 3)]:

@@ -1,6 +1,8 @@
 """torch.ops.tritonblas.*: opcheck, autograd, aten semantics, and clear errors on bad input.
 CPU tensors run the real kernel through Triton's interpreter."""
 
+import sys
+
 import pytest
 import torch
 from torch.library import opcheck
@@ -146,3 +148,60 @@ def test_real_tensors_reach_the_body_without_custom_ops_wrappers(name, monkeypat
     args = {"ws_mm": (a[0], b[0]), "ws_addmm": (torch.randn(3), a[0], b[0]), "ws_bmm": (a, b)}[name]
     expected = {"ws_mm": torch.mm, "ws_addmm": torch.addmm, "ws_bmm": torch.bmm}[name](*args)
     assert_matches(getattr(torch.ops.tritonblas, name)(*args), expected.double(), REL_TOLERANCE[torch.float32])
+
+
+def _python_calls_of(fn) -> list[str]:
+    """Names of the Python functions that `fn()` calls, in order."""
+    calls = []
+
+    def record(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(record)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_calls_without_grads_skip_custom_ops_autograd_layer():
+    """With no input requiring grad, the dispatcher's autograd kernel runs the body itself
+    (custom_op's would enter the dispatcher a second time: an OpOverload.redispatch); with
+    one, custom_op's autograd runs and the output gets its grad_fn."""
+    a, b = torch.randn(8, 4), torch.randn(4, 6)
+    calls = _python_calls_of(lambda: ops.ws_mm(a, b))
+    assert "ws_mm" in calls and "redispatch" not in calls, calls
+    with torch.no_grad():
+        calls = _python_calls_of(lambda: ops.ws_mm(a.requires_grad_(), b))
+    assert "ws_mm" in calls and "redispatch" not in calls, calls
+    out = None
+
+    def with_grad():
+        nonlocal out
+        out = ops.ws_mm(a, b)
+
+    assert "redispatch" in _python_calls_of(with_grad)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert_matches(a.grad, torch.ones(8, 6).double() @ b.double().T, FP32)
+
+
+def test_dispatch_modes_still_see_the_ops():
+    """A TorchDispatchMode (a profiler, a FLOP counter) is below autograd: the autograd
+    kernel's shortcut must not run the body past it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    bias, a, b = torch.randn(6), torch.randn(8, 4), torch.randn(4, 6)
+    with Log():
+        out = ops.ws_addmm(bias, a, b, beta=0.5)
+    assert seen == [ops.ws_addmm.default]
+    assert out.shape == (8, 6)

@@ -619,11 +619,13 @@ def test_gpu_zero_k(a_layout):
 # 5. Determinism
 # =======================================================================================
 
-DETERMINISM_SHAPES = [(3000, 2000, 4000), (2999, 2001, 4001)]  # descriptors / pointer loads
+# Descriptors, pointer loads, and split-K (16 slices of 8 tiles: the sums run as units of their own)
+DETERMINISM_SHAPES = [(3000, 2000, 4000), (2999, 2001, 4001), (256, 32768, 512)]
+DETERMINISM_IDS = ["aligned", "ragged", "split_k"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k,n", DETERMINISM_SHAPES, ids=["aligned", "ragged"])
+@pytest.mark.parametrize("m,k,n", DETERMINISM_SHAPES, ids=DETERMINISM_IDS)
 def test_gpu_bitwise_identical_over_100_runs(m, k, n):
     a = randn(m, k, dtype=torch.bfloat16, device="cuda")
     b = randn(k, n, dtype=torch.bfloat16, device="cuda")
@@ -633,11 +635,13 @@ def test_gpu_bitwise_identical_over_100_runs(m, k, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k,n", DETERMINISM_SHAPES, ids=["aligned", "ragged"])
+@pytest.mark.parametrize("m,k,n", DETERMINISM_SHAPES, ids=DETERMINISM_IDS)
 def test_gpu_bitwise_identical_while_another_kernel_holds_sms(m, k, n):
     """benchmarks/sm_hog.py holds H SMs from another stream while the GEMM runs: only the
     other programs take tiles, so tiles land on different programs from run to run (and on
-    fewer of them as H grows). The result must not change by a bit."""
+    fewer of them as H grows). The result must not change by a bit, and the GEMM must be
+    done while the hog still holds its SMs: nothing waits for a program that has not
+    started (split-K's sums wait only for slices that running programs claimed)."""
     from benchmarks.sm_hog import hold_sms
 
     a = randn(m, k, dtype=torch.bfloat16, device="cuda")
@@ -656,6 +660,7 @@ def test_gpu_bitwise_identical_while_another_kernel_holds_sms(m, k, n):
         with torch.cuda.stream(gemm_stream):
             out = ops.ws_mm(a, b)
         gemm_stream.synchronize()
+        assert hold.active(), f"run {run}: the GEMM waited for the {h} held SMs"
         hold.check_distinct_sms()
         assert torch.equal(out, first), f"run {run} with {h} SMs held differs"
 

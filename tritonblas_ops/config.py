@@ -25,6 +25,14 @@ class TileConfig:
     # Throughput of one SM with this tile, relative to the best tile (select_config's model).
     efficiency: float = dataclasses.field(default=1.0, compare=False)
 
+    @property
+    def sum_rows(self) -> int:
+        """Rows of a tile one split-K sum unit adds up (work stealing): the tile in as many
+        power-of-two row shares as fit in split_k, so there are about as many sums as
+        slices."""
+        shares = 1 << (self.split_k.bit_length() - 1)  # the largest power of two <= split_k
+        return max(self.block_m // shares, 1)
+
 
 # The interpreter runs each tl op in numpy: bigger tiles mean fewer, cheaper Python steps.
 INTERPRETER_CONFIG = TileConfig(32, 32, 32, group_m=4, num_warps=4, num_stages=1)
@@ -59,9 +67,9 @@ MIN_K_PER_SPLIT = 256  # shorter slices spend more on the pipeline's fill than o
 # byte of split-K partials costs in the model, in FLOPs of the best tile.
 FLOPS_PER_BYTE = 200
 FIXED_K_STEPS = 2  # per work unit: pipeline fill and epilogue, in K steps of the tile
-# The tile's last slice reads every partial back by itself, at one SM's share of L2
-# (~150 GB/s against its ~6 TFLOP/s). Fitted to the sweep in NOTES.md step 9, where 16
-# slices of 128x128 lost to 8 of 64x128 on 256x512x32768.
+# A sum unit reads its rows of every partial back at one SM's share of L2 (~150 GB/s
+# against its ~6 TFLOP/s). Fitted to the sweep in NOTES.md step 9, where one program summed
+# each whole tile (16 slices of 128x128 lost to 8 of 64x128 on 256x512x32768).
 SLICE_SUM_FLOPS_PER_BYTE = 40
 
 
@@ -74,16 +82,21 @@ def _modeled_cost(m: int, n: int, k: int, batches: int, config: TileConfig, spli
                   units: int) -> float:
     """Time of the launch in FLOPs of one SM running the best tile: waves of work units, each
     unit its K slice (plus a fixed cost) at the tile's efficiency, and for split-K the
-    partials each unit writes and reads, and the last one's sum of all of them."""
-    work_units = num_tiles(m, n, batches, config) * split_k
-    waves = -(-work_units // units)
+    partial each unit writes, then waves of sum units, each reading its rows of every
+    partial (work stealing's sums, which all programs share)."""
+    tiles = num_tiles(m, n, batches, config)
+    waves = -(-(tiles * split_k) // units)
     k_slice = -(-k // split_k)
     flops = 2 * config.block_m * config.block_n * (k_slice + FIXED_K_STEPS * config.block_k)
     unit = flops / config.efficiency
-    if split_k > 1:
-        partial_bytes = config.block_m * config.block_n * 4
-        unit += 2 * partial_bytes * FLOPS_PER_BYTE + split_k * partial_bytes * SLICE_SUM_FLOPS_PER_BYTE
-    return waves * unit
+    if split_k == 1:
+        return waves * unit
+    partial_bytes = config.block_m * config.block_n * 4
+    unit += partial_bytes * FLOPS_PER_BYTE
+    sums = dataclasses.replace(config, split_k=split_k)
+    shares = config.block_m // sums.sum_rows
+    sum_waves = -(-(tiles * shares) // units)
+    return waves * unit + sum_waves * split_k * (partial_bytes // shares) * SLICE_SUM_FLOPS_PER_BYTE
 
 
 def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,

@@ -9,9 +9,11 @@ computed exactly once, by whichever program claims it, for any grid size and how
 programs actually run (other kernels may hold SMs). A launch with no more units than
 programs takes the static schedule instead: with one unit each there is nothing to steal.
 
-Each unit runs its K range in one program, in a fixed order; with split-K the tile's last
-slice to arrive sums the fp32 partials in slice order. Results are bitwise reproducible
-whatever the schedule.
+Each unit runs its K range in one program, in a fixed order. With split-K each slice stores
+an fp32 partial; under work stealing the partials are summed by sum units (a few rows of a
+tile each) claimed after every product unit, under the static schedule by the tile's last
+slice to arrive, always in slice order. Results are bitwise reproducible whatever the
+schedule.
 
 Reads top to bottom: work-unit helpers, the tile body (descriptors, product, split-K sum,
 epilogue), the persistent loop, the launcher, and the cached eager launch.
@@ -178,42 +180,46 @@ def _tile_product(
 
 
 @triton.jit
-def _sum_slices(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Split-K: store this slice's partial; the tile's last slice to arrive gets the sum of
-    all of them, always in slice order (bitwise the same whoever arrives last), and
-    returns is_last; the others return False and store nothing more."""
+def _store_partial(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Split-K: store this slice's fp32 partial and count its arrival. Returns how many of
+    the tile's slices had arrived before this one."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tile_partials = partials_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
     tl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offs, acc)
     # Every thread's part of the partial is written before one thread counts the arrival;
-    # the arrival releases the partials, and the last one's acquires the others'.
+    # the arrival releases the partials, and whoever sums them acquires them first.
     tl.debug_barrier()
-    arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
-    is_last = arrived == SPLIT_K - 1
-    if is_last:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            # .cg: read from L2, where the other SMs' writes are, never from a stale L1.
-            acc += tl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-        tl.store(arrivals_ptr + tile, 0)  # the counter is clean for the next launch
-    return acc, is_last
+    return tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
+
+
+@triton.jit
+def _slice_sum(partials_ptr, tile, row0, SPLIT_K: tl.constexpr, ROWS: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows [row0, row0 + ROWS) of a tile's split-K partials, summed in slice order: bitwise
+    the same whoever sums them, in whatever row shares."""
+    offs = (row0 + tl.arange(0, ROWS))[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tile_partials = partials_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        # .cg: read from L2, where the other SMs' writes are, never from a stale L1.
+        acc += tl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+    return acc
 
 
 @triton.jit
 def _store_tile(
-    acc, c_ptr, c_desc, bias_ptr, batch, tile_m, tile_n, M, N,
+    acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
     stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
     alpha, beta,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64_INDEX: tl.constexpr,
+    ROWS: tl.constexpr, COLS: tl.constexpr, INT64_INDEX: tl.constexpr,
     TMA_STORE: tl.constexpr,
 ):
-    """C tile = alpha * acc + beta * bias, rounded to C's dtype; nothing past M, N written
-    (the program's C descriptor clips the edges, masked stores otherwise)."""
-    m0 = tile_m * BLOCK_M
-    n0 = tile_n * BLOCK_N
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    """C[m0:m0 + ROWS, n0:n0 + COLS] = alpha * acc + beta * bias, rounded to C's dtype;
+    nothing past M, N written (the program's C descriptor, whose box is the whole tile,
+    clips the edges; masked stores otherwise)."""
+    offs_m = m0 + tl.arange(0, ROWS)
+    offs_n = n0 + tl.arange(0, COLS)
     if INT64_INDEX:
         offs_m = offs_m.to(tl.int64)
         offs_n = offs_n.to(tl.int64)
@@ -226,7 +232,7 @@ def _store_tile(
         acc += beta * bias.to(tl.float32)
     c = acc.to(c_ptr.dtype.element_ty)
     if TMA_STORE:  # descriptor coordinates stay int32; the descriptor addresses in 64 bits
-        c_desc.store([batch, m0, n0], c.reshape(1, BLOCK_M, BLOCK_N))
+        c_desc.store([batch, m0, n0], c.reshape(1, ROWS, COLS))
     else:
         if INT64_INDEX:
             batch = batch.to(tl.int64)
@@ -259,7 +265,7 @@ def ws_matmul_kernel(
     stride_bias_m, stride_bias_n,
     alpha, beta,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SUM_ROWS: tl.constexpr,
     NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr,
     WORK_STEALING: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
@@ -273,7 +279,9 @@ def ws_matmul_kernel(
     # Work units: each tile's K slices, numbered next to each other (claimed close in time).
     num_units = tiles_m * tiles_n * num_batches * SPLIT_K
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-    arrivals_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
+    # Split-K: the sums' claim counter on a line of its own, then an arrival count per tile.
+    sums_counter_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
+    arrivals_ptr = sums_counter_ptr + COUNTER_STRIDE
 
     if USE_TMA:
         if a_desc is None:
@@ -314,19 +322,60 @@ def ws_matmul_kernel(
         else:
             next_unit = unit + num_programs
             next_unit = tl.where(next_unit < num_units, next_unit, -1)
-        store = True
-        if SPLIT_K > 1:
-            acc, store = _sum_slices(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K,
-                                     BLOCK_M, BLOCK_N)
-        if store:
+        m0 = tile_m * BLOCK_M
+        n0 = tile_n * BLOCK_N
+        if SPLIT_K == 1:
             _store_tile(
-                acc, c_ptr, c_desc, bias_ptr, batch, tile_m, tile_n, M, N,
+                acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
                 stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
                 alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE,
             )
+        else:
+            arrived = _store_partial(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K,
+                                     BLOCK_M, BLOCK_N)
+            if not WORK_STEALING and arrived == SPLIT_K - 1:
+                # Static: the tile's last slice to arrive sums the whole tile by itself.
+                acc = _slice_sum(partials_ptr, tile, 0, SPLIT_K, BLOCK_M, BLOCK_M, BLOCK_N)
+                tl.store(arrivals_ptr + tile, 0)  # the counter is clean for the next launch
+                _store_tile(
+                    acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
+                    stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
+                    alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE,
+                )
         if tile_counts_ptr is not None:
             tl.atomic_add(tile_counts_ptr + unit, 1, sem="relaxed")
         unit = next_unit
+
+    if WORK_STEALING and SPLIT_K > 1:
+        # Work stealing spreads each tile's slice sum over all programs: SUM_ROWS rows of a
+        # tile per sum unit, claimed from a counter of their own once every product unit has
+        # been claimed. So a sum waits only for slices that running programs are computing,
+        # however few programs run (a static schedule could wait on one not yet started).
+        parts_per_tile = BLOCK_M // SUM_ROWS
+        num_sums = tiles_m * tiles_n * num_batches * parts_per_tile
+        sums_dry = 0
+        part, sums_dry = _claim_unit(sums_counter_ptr, 0, sums_dry, num_sums, num_programs, 1,
+                                     COUNTER_STRIDE)
+        while part >= 0:
+            tile = part // parts_per_tile
+            row0 = (part % parts_per_tile) * SUM_ROWS
+            arrived = tl.atomic_add(arrivals_ptr + tile, 0, sem="acquire")
+            while arrived < SPLIT_K:
+                arrived = tl.atomic_add(arrivals_ptr + tile, 0, sem="acquire")
+            acc = _slice_sum(partials_ptr, tile, row0, SPLIT_K, SUM_ROWS, BLOCK_M, BLOCK_N)
+            next_part, sums_dry = _claim_unit(sums_counter_ptr, 0, sums_dry, num_sums, num_programs,
+                                              1, COUNTER_STRIDE)
+            batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+            # Pointer stores: the C descriptor's box is a whole tile.
+            _store_tile(
+                acc, c_ptr, c_desc, bias_ptr, batch, tile_m * BLOCK_M + row0, tile_n * BLOCK_N, M, N,
+                stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
+                alpha, beta, SUM_ROWS, BLOCK_N, INT64_INDEX, False,
+            )
+            # The tile's last sum to finish leaves its arrival counter clean for the next launch.
+            if tl.atomic_add(arrivals_ptr + tile, 1, sem="relaxed") == SPLIT_K + parts_per_tile - 1:
+                tl.store(arrivals_ptr + tile, 0)
+            part = next_part
 
 
 # ---------------------------------------------------------------------------------------
@@ -440,9 +489,11 @@ def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.
 
 def counter_elements(num_shards: int, num_tiles: int, split_k: int) -> int:
     """int32 counters one launch uses, each zero at launch and left at zero by it: a claim
-    counter per shard, each on its own COUNTER_STRIDE line, then for split-K an arrival
-    counter per tile."""
-    return num_shards * devices.COUNTER_STRIDE + (num_tiles if split_k > 1 else 0)
+    counter per shard, each on its own COUNTER_STRIDE line, then for split-K the sum units'
+    claim counter (a line of its own) and an arrival counter per tile."""
+    if split_k == 1:
+        return num_shards * devices.COUNTER_STRIDE
+    return (num_shards + 1) * devices.COUNTER_STRIDE + num_tiles
 
 
 def launch(
@@ -551,7 +602,7 @@ def kernel_arguments(a, b, c, bias, counters, partials, tile_counts, descriptors
         **dict(zip(("stride_bias_m", "stride_bias_n"), stride_bias)),
         alpha=alpha, beta=beta,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=config.group_m, SPLIT_K=config.split_k,
+        GROUP_M=config.group_m, SPLIT_K=config.split_k, SUM_ROWS=config.sum_rows,
         NUM_SHARDS=num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
         WORK_STEALING=work_stealing,
         INPUT_PRECISION="tf32" if tf32 else "ieee",
@@ -639,10 +690,13 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
     tiles = num_tiles(m, n, batches, config)
     if num_programs is None:
         num_programs = min(devices.num_compute_units(a.device), tiles * config.split_k)
-    if tiles * config.split_k <= num_programs:
+    last_slice_sum_bytes = config.split_k * config.block_m * config.block_n * 4
+    if tiles * config.split_k <= num_programs and (config.split_k == 1 or
+                                                   last_slice_sum_bytes <= LAST_SLICE_SUM_MAX_BYTES):
         # One wave: each program has at most one unit, and one whose SM is held by other
         # work runs it as soon as a thief could have (when one of ours or the other work
         # frees an SM). Stealing would buy nothing; its claims cost ~1 us (NOTES.md step 13).
+        # With split-K, unless the tile's last slice would read too many partials alone.
         schedule = Schedule.STATIC
     numel = counter_elements(num_shards, tiles, config.split_k)
     if type(a) in _PLAIN and a.device.type in ("cuda", "cpu"):
@@ -678,7 +732,8 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
 # ---------------------------------------------------------------------------------------
 # The cached eager launch: an eager call with the default knobs looks up what the shapes
 # decided on the first call with that key and launches Triton's compiled kernel directly,
-# skipping Triton's argument binding (~30 us a call on the H200).
+# skipping Triton's argument binding (~30 us a call on the H200) and, where the launcher
+# has the shape Triton 3.6 gives it, its Python wrapper too (_DirectLaunch).
 # ---------------------------------------------------------------------------------------
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # not fake, not functional
@@ -697,6 +752,7 @@ class _Plan:
     fix_b: str
     swap_ab: bool  # B goes in A's place and A in B's (the plan's strides say how)
     has_bias: bool
+    direct: "_DirectLaunch | None" = None  # Triton's C launcher, if _DirectLaunch.build could
 
 
 _plans: dict = {}
@@ -727,9 +783,91 @@ def _rebased(descriptor: TensorDescriptor, base: torch.Tensor | None) -> TensorD
 def _remember(key: tuple, plan: _Plan) -> None:
     if plan.kernel is None or not hasattr(plan.kernel, "run"):
         return  # not a compiled kernel (an asynchronous compile still running): next time
+    plan.direct = _DirectLaunch.build(plan.kernel, plan.args)
     if len(_plans) >= MAX_PLANS:
         del _plans[next(iter(_plans))]  # the oldest
     _plans[key] = plan
+
+
+_DESCRIBED = {"a_desc": "a_ptr", "b_desc": "b_ptr", "c_desc": "c_ptr"}  # descriptor -> its tensor
+_POINTERS = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "counters_ptr", "partials_ptr")
+
+
+class _DirectLaunch:
+    """A compiled kernel's C launcher, called with the argument list that Triton 3.6's Python
+    wrapper (CudaLauncher and wrap_handle_tensordesc) would build: tensors as their data
+    pointers, each tensor descriptor expanded into its CUtensorMap (encoded per call, for
+    the call's base address), shape and strides. A cached call then skips that wrapper's
+    walk over all ~45 arguments, its per-descriptor Python, and the driver's pointer check
+    per tensor argument (the caller's tensors are on the plan's device by its key).
+
+    build() returns None, and calls take Triton's own launcher, whenever the launcher is not
+    what this was written against (another Triton, a kernel that needs scratch memory)."""
+
+    def __init__(self, launch, kernel, args, pointer_slots, descriptor_slots, scalar_slots, fill):
+        self.launch = launch
+        self.head = (kernel.function, kernel.run.launch_cooperative_grid, kernel.run.launch_pdl,
+                     None, None, kernel.packed_metadata, None, None, None)
+        self.args = args  # the expanded argument list; the call's own go into the slots
+        self.pointer_slots = pointer_slots  # ((name, position), ...)
+        self.descriptor_slots = descriptor_slots  # ((position, tensor name, fill arguments), ...)
+        self.alpha_slot, self.beta_slot = scalar_slots
+        self.fill = fill
+
+    @classmethod
+    def build(cls, kernel, plan_args: list) -> "_DirectLaunch | None":
+        run = getattr(kernel, "run", None)
+        launch = getattr(run, "launch", None)
+        if (launch is None or getattr(run, "global_scratch_size", 1) != 0
+                or getattr(run, "profile_scratch_size", 1) != 0):
+            return None
+        metas = None
+        if hasattr(launch, "__code__"):  # wrap_handle_tensordesc's closure over the C function
+            cells = dict(zip(launch.__code__.co_freevars, launch.__closure__ or ()))
+            if "launcher" not in cells or "tensordesc_meta" not in cells:
+                return None
+            launch, metas = cells["launcher"].cell_contents, cells["tensordesc_meta"].cell_contents
+        try:
+            from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+            fill = triton.runtime.driver.active.utils.fill_tma_descriptor
+        except (ImportError, AttributeError):
+            return None
+        args, pointer_slots, descriptor_slots, scalar_slots, described = [], [], [], [], 0
+        for name, value in zip(ws_matmul_kernel.arg_names, plan_args):
+            if isinstance(value, TensorDescriptor):
+                meta = metas[described] if metas else None
+                described += 1
+                if meta is None:  # lowered to a pointer: (base, shape, strides, padding, shape, strides)
+                    descriptor_slots.append((len(args), _DESCRIBED[name], None))
+                    args += [None, *value.shape, *value.strides, value.padding == "nan",
+                             *value.shape, *value.strides]
+                    continue
+                if meta.get("fp4_padded"):
+                    return None
+                fill_args = (meta["swizzle"], meta["elem_size"],
+                             TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"],
+                             list(value.shape), list(value.strides), int(value.padding == "nan"))
+                descriptor_slots.append((len(args), _DESCRIBED[name], fill_args))
+                args += [None, *value.shape, *value.strides]
+                continue
+            if name in _POINTERS:
+                pointer_slots.append((name, len(args)))
+            elif name in ("alpha", "beta"):
+                scalar_slots.append(len(args))
+            args.append(value)
+        if metas and described != len(metas):
+            return None
+        return cls(launch, kernel, args, tuple(pointer_slots), tuple(descriptor_slots),
+                   tuple(scalar_slots), fill)
+
+    def __call__(self, grid: int, stream: int, pointers: dict, alpha: float, beta: float) -> None:
+        args = self.args.copy()
+        for name, slot in self.pointer_slots:
+            args[slot] = pointers[name]
+        for slot, name, fill_args in self.descriptor_slots:
+            args[slot] = pointers[name] if fill_args is None else self.fill(pointers[name], *fill_args)
+        args[self.alpha_slot], args[self.beta_slot] = alpha, beta
+        self.launch(grid, 1, 1, stream, *self.head, *args)
 
 
 def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
@@ -741,29 +879,42 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
                           plan_key=key)
     device = a.device
     with torch.cuda._DeviceGuard(device.index):
-        args = plan.args.copy()
         a_arg = _fixed(a, plan.fix_a) if plan.fix_a else a
         b_arg = _fixed(b, plan.fix_b) if plan.fix_b else b
         if plan.swap_ab:
             a_arg, b_arg = b_arg, a_arg
-        args[_SLOT["a_ptr"]], args[_SLOT["b_ptr"]] = a_arg, b_arg
-        c = args[_SLOT["c_ptr"]] = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
-        args[_SLOT["bias_ptr"]] = bias if plan.has_bias else None
-        args[_SLOT["counters_ptr"]] = zeroed_counters(plan.counters_numel, device)
-        if plan.partials_numel:
-            args[_SLOT["partials_ptr"]] = torch.empty(plan.partials_numel, dtype=torch.float32,
-                                                      device=device)
+        c = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
+        tensors = {
+            "a_ptr": a_arg, "b_ptr": b_arg, "c_ptr": c, "bias_ptr": bias if plan.has_bias else None,
+            "counters_ptr": zeroed_counters(plan.counters_numel, device),
+            "partials_ptr": torch.empty(plan.partials_numel, dtype=torch.float32, device=device)
+            if plan.partials_numel else None,
+        }
+        kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
+        enter_hook, exit_hook = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if plan.direct is not None and enter_hook is None and exit_hook is None:
+            pointers = {name: t.data_ptr() if t is not None else None for name, t in tensors.items()}
+            plan.direct(plan.grid, stream, pointers, alpha, beta)
+            return c
+        args = plan.args.copy()
+        for name, t in tensors.items():
+            args[_SLOT[name]] = t
         args[_SLOT["alpha"]], args[_SLOT["beta"]] = alpha, beta
         for slot, base in ((_SLOT["a_desc"], a_arg), (_SLOT["b_desc"], b_arg), (_SLOT["c_desc"], c)):
             if args[slot] is not None:
                 args[slot] = _rebased(args[slot], base)
-        kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
-        enter_hook = knobs.runtime.launch_enter_hook
         metadata = kernel.launch_metadata((plan.grid, 1, 1), stream, *args) if enter_hook else None
         kernel.run(plan.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, metadata,
-                   enter_hook, knobs.runtime.launch_exit_hook, *args)
+                   enter_hook, exit_hook, *args)
     return c
 
+
+# Under the static schedule a split-K tile's last slice sums every partial alone; work
+# stealing spreads the sums over all programs but pays ~3 more atomic round trips on the
+# way (claims, arrival checks). On one-wave H200 launches the static sum won up to 256 KB
+# of partials (2-4 slices of 128x128: 2-6%) and lost at 1 MB (16 slices: 25%), NOTES.md
+# step 14.
+LAST_SLICE_SUM_MAX_BYTES = 256 * 1024
 
 # A copy that aligns an operand's rows for tensor descriptors reads and writes it once; it
 # pays when the GEMM does at least this many FLOPs per byte copied (with the copies, two

@@ -77,8 +77,8 @@ def _assert_drained(counters: torch.Tensor, num_units: int, num_shards: int,
     """After a work-stealing launch every counter is back at zero, the padding between them
     untouched: a shard's counter is reset by the claim that returns its size + num_programs
     - 1, so it ends at zero only if every program asked it once after it ran dry (fewer
-    claims leave it set, more set it again), and a split-K tile's arrival counter by its
-    last slice."""
+    claims leave it set, more set it again); split-K's sum counter likewise, and a tile's
+    arrival counter by its last sum (by its last slice under the static schedule)."""
     shard_sizes = [(s + 1) * num_units // num_shards - s * num_units // num_shards
                    for s in range(num_shards)]
     used = counters[: num_shards * COUNTER_STRIDE].view(num_shards, COUNTER_STRIDE)
@@ -86,4 +86,4 @@ def _assert_drained(counters: torch.Tensor, num_units: int, num_shards: int,
         f"claim counters {used[:, 0].tolist()} not reset (shard sizes {shard_sizes}, "
         f"{num_programs} programs)")
     assert (used[:, 1:] == 0).all(), "an atomic hit the padding between counters"
-    assert (counters[num_shards * COUNTER_STRIDE:] == 0).all(), "an arrival counter was left set"
+    assert (counters[num_shards * COUNTER_STRIDE:] == 0).all(), "a sum or arrival counter was left set"
