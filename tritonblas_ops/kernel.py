@@ -732,8 +732,7 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
 # ---------------------------------------------------------------------------------------
 # The cached eager launch: an eager call with the default knobs looks up what the shapes
 # decided on the first call with that key and launches Triton's compiled kernel directly,
-# skipping Triton's argument binding (~30 us a call on the H200) and, where the launcher
-# has the shape Triton 3.6 gives it, its Python wrapper too (_DirectLaunch).
+# skipping Triton's argument binding (~30 us a call on the H200).
 # ---------------------------------------------------------------------------------------
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # not fake, not functional
@@ -752,7 +751,6 @@ class _Plan:
     fix_b: str
     swap_ab: bool  # B goes in A's place and A in B's (the plan's strides say how)
     has_bias: bool
-    direct: "_DirectLaunch | None" = None  # Triton's C launcher, if _DirectLaunch.build could
 
 
 _plans: dict = {}
@@ -783,91 +781,9 @@ def _rebased(descriptor: TensorDescriptor, base: torch.Tensor | None) -> TensorD
 def _remember(key: tuple, plan: _Plan) -> None:
     if plan.kernel is None or not hasattr(plan.kernel, "run"):
         return  # not a compiled kernel (an asynchronous compile still running): next time
-    plan.direct = _DirectLaunch.build(plan.kernel, plan.args)
     if len(_plans) >= MAX_PLANS:
         del _plans[next(iter(_plans))]  # the oldest
     _plans[key] = plan
-
-
-_DESCRIBED = {"a_desc": "a_ptr", "b_desc": "b_ptr", "c_desc": "c_ptr"}  # descriptor -> its tensor
-_POINTERS = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "counters_ptr", "partials_ptr")
-
-
-class _DirectLaunch:
-    """A compiled kernel's C launcher, called with the argument list that Triton 3.6's Python
-    wrapper (CudaLauncher and wrap_handle_tensordesc) would build: tensors as their data
-    pointers, each tensor descriptor expanded into its CUtensorMap (encoded per call, for
-    the call's base address), shape and strides. A cached call then skips that wrapper's
-    walk over all ~45 arguments, its per-descriptor Python, and the driver's pointer check
-    per tensor argument (the caller's tensors are on the plan's device by its key).
-
-    build() returns None, and calls take Triton's own launcher, whenever the launcher is not
-    what this was written against (another Triton, a kernel that needs scratch memory)."""
-
-    def __init__(self, launch, kernel, args, pointer_slots, descriptor_slots, scalar_slots, fill):
-        self.launch = launch
-        self.head = (kernel.function, kernel.run.launch_cooperative_grid, kernel.run.launch_pdl,
-                     None, None, kernel.packed_metadata, None, None, None)
-        self.args = args  # the expanded argument list; the call's own go into the slots
-        self.pointer_slots = pointer_slots  # ((name, position), ...)
-        self.descriptor_slots = descriptor_slots  # ((position, tensor name, fill arguments), ...)
-        self.alpha_slot, self.beta_slot = scalar_slots
-        self.fill = fill
-
-    @classmethod
-    def build(cls, kernel, plan_args: list) -> "_DirectLaunch | None":
-        run = getattr(kernel, "run", None)
-        launch = getattr(run, "launch", None)
-        if (launch is None or getattr(run, "global_scratch_size", 1) != 0
-                or getattr(run, "profile_scratch_size", 1) != 0):
-            return None
-        metas = None
-        if hasattr(launch, "__code__"):  # wrap_handle_tensordesc's closure over the C function
-            cells = dict(zip(launch.__code__.co_freevars, launch.__closure__ or ()))
-            if "launcher" not in cells or "tensordesc_meta" not in cells:
-                return None
-            launch, metas = cells["launcher"].cell_contents, cells["tensordesc_meta"].cell_contents
-        try:
-            from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
-            fill = triton.runtime.driver.active.utils.fill_tma_descriptor
-        except (ImportError, AttributeError):
-            return None
-        args, pointer_slots, descriptor_slots, scalar_slots, described = [], [], [], [], 0
-        for name, value in zip(ws_matmul_kernel.arg_names, plan_args):
-            if isinstance(value, TensorDescriptor):
-                meta = metas[described] if metas else None
-                described += 1
-                if meta is None:  # lowered to a pointer: (base, shape, strides, padding, shape, strides)
-                    descriptor_slots.append((len(args), _DESCRIBED[name], None))
-                    args += [None, *value.shape, *value.strides, value.padding == "nan",
-                             *value.shape, *value.strides]
-                    continue
-                if meta.get("fp4_padded"):
-                    return None
-                fill_args = (meta["swizzle"], meta["elem_size"],
-                             TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"],
-                             list(value.shape), list(value.strides), int(value.padding == "nan"))
-                descriptor_slots.append((len(args), _DESCRIBED[name], fill_args))
-                args += [None, *value.shape, *value.strides]
-                continue
-            if name in _POINTERS:
-                pointer_slots.append((name, len(args)))
-            elif name in ("alpha", "beta"):
-                scalar_slots.append(len(args))
-            args.append(value)
-        if metas and described != len(metas):
-            return None
-        return cls(launch, kernel, args, tuple(pointer_slots), tuple(descriptor_slots),
-                   tuple(scalar_slots), fill)
-
-    def __call__(self, grid: int, stream: int, pointers: dict, alpha: float, beta: float) -> None:
-        args = self.args.copy()
-        for name, slot in self.pointer_slots:
-            args[slot] = pointers[name]
-        for slot, name, fill_args in self.descriptor_slots:
-            args[slot] = pointers[name] if fill_args is None else self.fill(pointers[name], *fill_args)
-        args[self.alpha_slot], args[self.beta_slot] = alpha, beta
-        self.launch(grid, 1, 1, stream, *self.head, *args)
 
 
 def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
@@ -879,33 +795,27 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
                           plan_key=key)
     device = a.device
     with torch.cuda._DeviceGuard(device.index):
+        args = plan.args.copy()
         a_arg = _fixed(a, plan.fix_a) if plan.fix_a else a
         b_arg = _fixed(b, plan.fix_b) if plan.fix_b else b
         if plan.swap_ab:
             a_arg, b_arg = b_arg, a_arg
-        c = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
-        tensors = {
-            "a_ptr": a_arg, "b_ptr": b_arg, "c_ptr": c, "bias_ptr": bias if plan.has_bias else None,
-            "counters_ptr": zeroed_counters(plan.counters_numel, device),
-            "partials_ptr": torch.empty(plan.partials_numel, dtype=torch.float32, device=device)
-            if plan.partials_numel else None,
-        }
-        kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
-        enter_hook, exit_hook = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if plan.direct is not None and enter_hook is None and exit_hook is None:
-            pointers = {name: t.data_ptr() if t is not None else None for name, t in tensors.items()}
-            plan.direct(plan.grid, stream, pointers, alpha, beta)
-            return c
-        args = plan.args.copy()
-        for name, t in tensors.items():
-            args[_SLOT[name]] = t
+        args[_SLOT["a_ptr"]], args[_SLOT["b_ptr"]] = a_arg, b_arg
+        c = args[_SLOT["c_ptr"]] = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
+        args[_SLOT["bias_ptr"]] = bias if plan.has_bias else None
+        args[_SLOT["counters_ptr"]] = zeroed_counters(plan.counters_numel, device)
+        if plan.partials_numel:
+            args[_SLOT["partials_ptr"]] = torch.empty(plan.partials_numel, dtype=torch.float32,
+                                                      device=device)
         args[_SLOT["alpha"]], args[_SLOT["beta"]] = alpha, beta
         for slot, base in ((_SLOT["a_desc"], a_arg), (_SLOT["b_desc"], b_arg), (_SLOT["c_desc"], c)):
             if args[slot] is not None:
                 args[slot] = _rebased(args[slot], base)
+        kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
+        enter_hook = knobs.runtime.launch_enter_hook
         metadata = kernel.launch_metadata((plan.grid, 1, 1), stream, *args) if enter_hook else None
         kernel.run(plan.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, metadata,
-                   enter_hook, exit_hook, *args)
+                   enter_hook, knobs.runtime.launch_exit_hook, *args)
     return c
 
 
