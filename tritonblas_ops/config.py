@@ -26,12 +26,21 @@ class TileConfig:
     efficiency: float = dataclasses.field(default=1.0, compare=False)
 
     @property
+    def partial_bytes(self) -> int:
+        """One split-K slice's fp32 partial of a tile."""
+        return self.block_m * self.block_n * 4
+
+    @property
     def sum_rows(self) -> int:
-        """Rows of a tile one split-K sum unit adds up (work stealing): the tile in as many
-        power-of-two row shares as fit in split_k, so there are about as many sums as
-        slices."""
-        shares = 1 << (self.split_k.bit_length() - 1)  # the largest power of two <= split_k
-        return max(self.block_m // shares, 1)
+        """Rows of a tile one split-K sum unit adds up (work stealing)."""
+        return self.block_m // sum_shares(self.block_m, self.split_k)
+
+
+def sum_shares(block_m: int, split_k: int) -> int:
+    """Sum units per split-K tile under work stealing: the tile's rows in as many
+    power-of-two shares as fit in split_k (at least a row each), so there are about as many
+    sums as slices."""
+    return min(1 << (split_k.bit_length() - 1), block_m)
 
 
 # The interpreter runs each tl op in numpy: bigger tiles mean fewer, cheaper Python steps.
@@ -91,12 +100,11 @@ def _modeled_cost(m: int, n: int, k: int, batches: int, config: TileConfig, spli
     unit = flops / config.efficiency
     if split_k == 1:
         return waves * unit
-    partial_bytes = config.block_m * config.block_n * 4
-    unit += partial_bytes * FLOPS_PER_BYTE
-    sums = dataclasses.replace(config, split_k=split_k)
-    shares = config.block_m // sums.sum_rows
+    unit += config.partial_bytes * FLOPS_PER_BYTE
+    shares = sum_shares(config.block_m, split_k)
     sum_waves = -(-(tiles * shares) // units)
-    return waves * unit + sum_waves * split_k * (partial_bytes // shares) * SLICE_SUM_FLOPS_PER_BYTE
+    return (waves * unit
+            + sum_waves * split_k * (config.partial_bytes // shares) * SLICE_SUM_FLOPS_PER_BYTE)
 
 
 def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,

@@ -690,7 +690,7 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
     tiles = num_tiles(m, n, batches, config)
     if num_programs is None:
         num_programs = min(devices.num_compute_units(a.device), tiles * config.split_k)
-    last_slice_sum_bytes = config.split_k * config.block_m * config.block_n * 4
+    last_slice_sum_bytes = config.split_k * config.partial_bytes
     if tiles * config.split_k <= num_programs and (config.split_k == 1 or
                                                    last_slice_sum_bytes <= LAST_SLICE_SUM_MAX_BYTES):
         # One wave: each program has at most one unit, and one whose SM is held by other

@@ -122,20 +122,50 @@ def _check_bias(bias: Tensor, a: Tensor, b: Tensor) -> None:
 # (benchmarks/NOTES.md, step 8). Outputs are always fresh tensors, so no check is lost.
 # Everything else stays triton_op's: fake kernels, autograd, torch.compile's decomposition.
 _DIRECT_KERNELS = torch.library.Library(NAMESPACE, "IMPL")
-_BODIES = {}  # op name -> the body, also registered as the CPU and CUDA kernel
+
+
+# ---------------------------------------------------------------------------------------
+# A call that needs no gradient skips custom_op's autograd layer, a Python kernel that
+# enters the dispatcher again to reach the body: ~8 of an op call's ~15 us of host time on
+# a CPU of the CI's kind. Kernels on the AutogradCPU and AutogradCUDA keys take precedence
+# over custom_op's on the Autograd alias key; they call the body directly when no input
+# requires grad and the keys below autograd would lead straight to it (no dispatch mode,
+# subclass, functionalization or other wrapper), and hand every other call to custom_op's
+# own autograd kernel.
+# ---------------------------------------------------------------------------------------
+
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_BODY_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+
+
+def _skip_autograd_without_grads(op, body) -> None:
+    """custom_op's autograd kernel reads the op's backward and setup_context when called,
+    so this may run before register_autograd."""
+    custom_autograd = torch._library.autograd.make_autograd_impl(op._opoverload, op)
+
+    def autograd_kernel(keyset, *args, **keyword_only_args):
+        if ((keyset & _AFTER_AUTOGRAD).highestPriorityTypeId() in _BODY_KEYS
+                and not (torch.is_grad_enabled()
+                         and any(isinstance(t, Tensor) and t.requires_grad for t in args))):
+            return body(*args, **keyword_only_args)
+        return custom_autograd(keyset, *args, **keyword_only_args)
+
+    for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
+        _DIRECT_KERNELS.impl(op._name, autograd_kernel, dispatch_key, with_keyset=True)
 
 
 def _triton_op(name: str):
     """`triton_op(f"tritonblas::{name}", mutates_args=())`, adopting the op if the C++ stubs
     already defined it; the schema torch infers from the annotations must be SCHEMAS[name].
-    The body is also the op's CPU and CUDA kernel (see _DIRECT_KERNELS)."""
+    The body is also the op's CPU and CUDA kernel (see _DIRECT_KERNELS), and its autograd
+    kernel's for calls that need no gradient (_skip_autograd_without_grads)."""
 
     def define(fn):
         with adopt_cpp_definitions():
             op = triton_op(f"{NAMESPACE}::{name}", mutates_args=())(fn)
         for dispatch_key in ("CPU", "CUDA"):
             _DIRECT_KERNELS.impl(name, fn, dispatch_key)
-        _BODIES[name] = fn
+        _skip_autograd_without_grads(op, fn)
         if defined_schema(name) != SCHEMAS[name]:
             raise RuntimeError(
                 f"{NAMESPACE}::{name}: the annotations of ops.{fn.__name__} give the schema "
@@ -249,35 +279,3 @@ ws_mm.register_autograd(_ws_mm_backward, setup_context=_save_operands)
 ws_bmm.register_autograd(_ws_bmm_backward, setup_context=_save_operands)
 ws_addmm.register_autograd(_ws_addmm_backward, setup_context=_ws_addmm_setup)
 
-
-# ---------------------------------------------------------------------------------------
-# A call that needs no gradient skips custom_op's autograd layer, a Python kernel that
-# enters the dispatcher again to reach the body: ~8 of an op call's ~15 us of host time on
-# a CPU of the CI's kind. Kernels on the AutogradCPU and AutogradCUDA keys take precedence
-# over custom_op's on the Autograd alias key; they call the body directly when no input
-# requires grad and the keys below autograd would lead straight to it (no dispatch mode,
-# subclass, functionalization or other wrapper), and hand every other call to custom_op's
-# own autograd kernel.
-# ---------------------------------------------------------------------------------------
-
-_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
-_BODY_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
-
-
-def _skip_autograd_without_grads(op) -> None:
-    body = _BODIES[op._name]
-    custom_autograd = torch._library.autograd.make_autograd_impl(op._opoverload, op)
-
-    def autograd_kernel(keyset, *args, **keyword_only_args):
-        if ((keyset & _AFTER_AUTOGRAD).highestPriorityTypeId() in _BODY_KEYS
-                and not (torch.is_grad_enabled()
-                         and any(isinstance(t, Tensor) and t.requires_grad for t in args))):
-            return body(*args, **keyword_only_args)
-        return custom_autograd(keyset, *args, **keyword_only_args)
-
-    for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
-        _DIRECT_KERNELS.impl(op._name, autograd_kernel, dispatch_key, with_keyset=True)
-
-
-for _op in (ws_mm, ws_addmm, ws_bmm):
-    _skip_autograd_without_grads(_op)
