@@ -41,7 +41,7 @@ if has sweep; then  # select_config's calibration: forced tile configs beside it
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has contention && python3 -m benchmarks.bench --contention 0,8,20,33,66 --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/contention.log" | tail -12
-has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/overhead.log" | tail -6
+has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/overhead.log" | tail -12
 if has block; then
   for path in opaque inline; do
     python3 -m benchmarks.bench_block --path $path 2>&1 | tee "$OUT/block_$path.log" | tail -6

@@ -13,14 +13,31 @@ from tritonblas_ops.kernel import ws_matmul
 
 SIZE = 64
 WARMUP_CALLS = 20
+PYTHON_OP_FLOOR = "python_op_floor"
+
+# An op whose CPU and CUDA kernels are a Python function that only allocates the output:
+# what any op with a Python kernel pays for the dispatcher's way into Python and back on
+# this host before doing any work, the floor under ws_op's host time.
+_FLOOR_LIBRARY = torch.library.Library("tritonblas_bench", "DEF")
+_FLOOR_LIBRARY.define("empty_mm(Tensor a, Tensor b) -> Tensor")
+
+
+def _empty_mm(a, b):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+for _key in ("CPU", "CUDA"):
+    _FLOOR_LIBRARY.impl("empty_mm", _empty_mm, _key)
 
 
 def providers() -> dict:
     """name -> f(a, b). `ws` is the Python entry point under the op, to split the op's
     dispatch cost from the launcher's; `ws_uncached` passes a knob (the default shard
-    count), which skips the cached plan: every decision and Triton's own launch, each call."""
+    count), which skips the cached plan: every decision and Triton's own launch, each call;
+    `python_op_floor` launches nothing (above)."""
     return {
         TORCH_MM: torch.mm,
+        PYTHON_OP_FLOOR: torch.ops.tritonblas_bench.empty_mm,
         "ws_op": torch.ops.tritonblas.ws_mm,
         WORK_STEALING: ws_matmul,
         "ws_uncached": lambda a, b: ws_matmul(a, b, num_shards=default_num_shards(a.device)),

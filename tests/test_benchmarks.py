@@ -6,7 +6,7 @@ import csv
 import pytest
 import torch
 
-from benchmarks import bench, measure
+from benchmarks import bench, measure, overhead
 from benchmarks.providers import config_name, parse_config
 
 
@@ -31,3 +31,12 @@ def test_config_names_round_trip_and_bad_ones_are_refused():
     assert config.swap_ab and config_name(config) == "128x16x128w4s5k2t"
     with pytest.raises(ValueError, match="is not like 128x256x64w8s3k1"):
         parse_config("128x256")
+
+
+def test_overhead_smoke_run_times_every_provider(tmp_path):
+    out = tmp_path / "overhead.csv"
+    bench.main(["--smoke", "--overhead", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert {row["provider"] for row in rows} == {
+        "torch_mm", "ws_op", "ws", "ws_uncached", overhead.PYTHON_OP_FLOOR}
+    assert all(0 < float(row["p20_ms"]) <= float(row["p50_ms"]) <= float(row["p80_ms"]) for row in rows)

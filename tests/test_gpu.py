@@ -7,7 +7,9 @@ import itertools
 
 import pytest
 import torch
+import triton
 from torch.library import opcheck
+from triton import knobs
 
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops import counters, kernel, relayout
@@ -217,21 +219,73 @@ CACHED_CASES = {  # (M, N, K, A transposed, B transposed, bias, dtype)
 }
 
 
+DIRECT_LAUNCH = triton.__version__.startswith(kernel.DIRECT_LAUNCH_TRITON)
+
+
+def spy_on_direct_launch(plan) -> list:
+    """Counts the cached calls that take the plan's direct C launch."""
+    calls, direct = [], plan.direct
+    assert direct is not None, (
+        f"no direct launch: Triton {triton.__version__}'s launcher is not the shape "
+        f"_DirectLaunch.build expects")
+
+    def spy(*args):
+        calls.append(args)
+        return direct(*args)
+
+    plan.direct = spy
+    return calls
+
+
 @pytest.mark.parametrize("case", list(CACHED_CASES))
 def test_cached_calls_match_a_launch_through_tritons_binding(case):
     """Cached calls (the plan's kernel launched with the call's tensors) give bitwise what
     the uncached path gives (every decision made again, Triton's own argument binding) for
-    every kind of launch, with new tensors on every call."""
+    every kind of launch, with new tensors on every call. On the Triton it was written for
+    (3.6) every cached call takes the direct C launch; the last call passes the previous
+    call's B again, whose descriptor (and likely C's: the allocator hands its block out
+    again) is then the one encoded before."""
     m, n, k, a_t, b_t, has_bias, dtype = CACHED_CASES[case]
     kernel._plans.clear()
-    for call in range(3):
-        a, b = operand(m, k, dtype, a_t), operand(k, n, dtype, b_t)
+    direct_calls = []
+    for call in range(4):
+        a = operand(m, k, dtype, a_t)
+        if call < 3:  # the last call passes the previous call's B again
+            b = operand(k, n, dtype, b_t)
         bias = torch.randn(n, dtype=dtype, device="cuda") if has_bias else None
         out = ws_matmul(a, b, bias, alpha=0.5, beta=2.0)
-        assert len(kernel._plans) == 1
+        (plan,) = kernel._plans.values()
+        if call == 0 and DIRECT_LAUNCH:
+            direct_calls = spy_on_direct_launch(plan)
         uncached = ws_matmul(a, b, bias, alpha=0.5, beta=2.0, num_shards=devices.default_num_shards(a.device))
         assert torch.equal(out, uncached), (case, call)
         assert_matches(out, matmul_ref(a, b, bias, alpha=0.5, beta=2.0), REL_TOLERANCE[dtype])
+    assert len(direct_calls) == (3 if DIRECT_LAUNCH else 0)
+
+
+def test_launch_hooks_see_cached_calls():
+    """A profiler's launch hook (Triton's knobs) sends cached calls through Triton's own
+    launcher, which calls it with the kernel's metadata; once removed, the direct launch
+    comes back."""
+    a = torch.randn(1000, 800, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(800, 600, dtype=torch.bfloat16, device="cuda")
+    kernel._plans.clear()
+    first = ws_matmul(a, b)
+    (plan,) = kernel._plans.values()
+    direct_calls = spy_on_direct_launch(plan) if DIRECT_LAUNCH else []
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"])
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        hooked = ws_matmul(a, b)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert seen == ["ws_matmul_kernel"] and direct_calls == []
+    assert torch.equal(hooked, first) and torch.equal(ws_matmul(a, b), first)
+    assert len(direct_calls) == (1 if DIRECT_LAUNCH else 0)
 
 
 def test_bitwise_identical_across_runs_and_schedules():

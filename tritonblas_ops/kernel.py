@@ -325,23 +325,23 @@ def ws_matmul_kernel(
         m0 = tile_m * BLOCK_M
         n0 = tile_n * BLOCK_N
         if SPLIT_K == 1:
+            tile_done = True
+        elif WORK_STEALING:
+            _store_partial(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
+            tile_done = False  # sum units add the partials up (after this loop)
+        else:
+            arrived = _store_partial(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K,
+                                     BLOCK_M, BLOCK_N)
+            tile_done = arrived == SPLIT_K - 1
+            if tile_done:  # static: the tile's last slice to arrive sums it by itself
+                acc = _slice_sum(partials_ptr, tile, 0, SPLIT_K, BLOCK_M, BLOCK_M, BLOCK_N)
+                tl.store(arrivals_ptr + tile, 0)  # the counter is clean for the next launch
+        if tile_done:
             _store_tile(
                 acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
                 stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
                 alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE,
             )
-        else:
-            arrived = _store_partial(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K,
-                                     BLOCK_M, BLOCK_N)
-            if not WORK_STEALING and arrived == SPLIT_K - 1:
-                # Static: the tile's last slice to arrive sums the whole tile by itself.
-                acc = _slice_sum(partials_ptr, tile, 0, SPLIT_K, BLOCK_M, BLOCK_M, BLOCK_N)
-                tl.store(arrivals_ptr + tile, 0)  # the counter is clean for the next launch
-                _store_tile(
-                    acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
-                    stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
-                    alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE,
-                )
         if tile_counts_ptr is not None:
             tl.atomic_add(tile_counts_ptr + unit, 1, sem="relaxed")
         unit = next_unit
@@ -732,7 +732,8 @@ def _ws_matmul(a, b, bias, alpha, beta, *, config, num_shards, num_programs, sch
 # ---------------------------------------------------------------------------------------
 # The cached eager launch: an eager call with the default knobs looks up what the shapes
 # decided on the first call with that key and launches Triton's compiled kernel directly,
-# skipping Triton's argument binding (~30 us a call on the H200).
+# skipping Triton's argument binding (~30 us a call on the H200) and, on the Triton it was
+# written against, the launcher's Python wrapper too (_DirectLaunch).
 # ---------------------------------------------------------------------------------------
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # not fake, not functional
@@ -751,6 +752,7 @@ class _Plan:
     fix_b: str
     swap_ab: bool  # B goes in A's place and A in B's (the plan's strides say how)
     has_bias: bool
+    direct: "_DirectLaunch | None" = None  # Triton's C launcher, if _DirectLaunch.build could
 
 
 _plans: dict = {}
@@ -781,9 +783,105 @@ def _rebased(descriptor: TensorDescriptor, base: torch.Tensor | None) -> TensorD
 def _remember(key: tuple, plan: _Plan) -> None:
     if plan.kernel is None or not hasattr(plan.kernel, "run"):
         return  # not a compiled kernel (an asynchronous compile still running): next time
+    plan.direct = _DirectLaunch.build(plan.kernel, plan.args)
     if len(_plans) >= MAX_PLANS:
         del _plans[next(iter(_plans))]  # the oldest
     _plans[key] = plan
+
+
+def _idle(hook) -> bool:
+    """No launch hook to call: None, or an empty HookChain (what Triton 3.6 holds when no
+    profiler has added one: never None there)."""
+    return hook is None or (isinstance(hook, _HOOK_CHAIN) and not hook.calls)
+
+
+_HOOK_CHAIN = getattr(knobs, "HookChain", ())
+_POINTERS = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "counters_ptr", "partials_ptr")
+_DESCRIBED = {"a_desc": 0, "b_desc": 1, "c_desc": 2}  # descriptor -> its tensor in _POINTERS
+DIRECT_LAUNCH_TRITON = "3.6."  # the launcher _DirectLaunch builds arguments for
+ENCODED_PER_SLOT = 8  # descriptors kept per operand, by address (a weight's never changes)
+
+
+class _DirectLaunch:
+    """A compiled kernel's C launcher, called with the argument list that Triton 3.6's Python
+    wrapper (CudaLauncher and wrap_handle_tensordesc) would build: tensors as their data
+    pointers, each tensor descriptor expanded into its CUtensorMap, shape and strides. A
+    cached call then skips that wrapper's walk over all ~45 arguments, its per-descriptor
+    Python and the launcher's pointer check per tensor (the call's tensors are on the plan's
+    device by its key). A CUtensorMap depends only on the base address once the plan fixes
+    the layout, so the last few encoded per operand are kept by address.
+
+    build() returns None, and calls take Triton's own launcher, on any other Triton or
+    launcher shape (a kernel that needs scratch memory, a descriptor lowered otherwise)."""
+
+    def __init__(self, launch, kernel, args, pointer_slots, descriptor_slots, scalar_slots, fill):
+        self.launch = launch
+        self.head = (kernel.function, kernel.run.launch_cooperative_grid, kernel.run.launch_pdl,
+                     None, None, kernel.packed_metadata, None, None, None)
+        self.args = args  # the expanded argument list; the call's own go into the slots
+        self.pointer_slots = pointer_slots  # ((index in _POINTERS, position), ...)
+        self.descriptor_slots = descriptor_slots  # ((position, index in _POINTERS, fill args, cache), ...)
+        self.alpha_slot, self.beta_slot = scalar_slots
+        self.fill = fill
+
+    @classmethod
+    def build(cls, kernel, plan_args: list) -> "_DirectLaunch | None":
+        run = getattr(kernel, "run", None)
+        launch = getattr(run, "launch", None)
+        if (not triton.__version__.startswith(DIRECT_LAUNCH_TRITON) or launch is None
+                or getattr(run, "global_scratch_size", 1) != 0
+                or getattr(run, "profile_scratch_size", 1) != 0):
+            return None
+        metas = None
+        if hasattr(launch, "__code__"):  # wrap_handle_tensordesc's closure over the C function
+            cells = dict(zip(launch.__code__.co_freevars, launch.__closure__ or ()))
+            if "launcher" not in cells or "tensordesc_meta" not in cells:
+                return None
+            launch, metas = cells["launcher"].cell_contents, cells["tensordesc_meta"].cell_contents
+        try:
+            from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+            fill = triton.runtime.driver.active.utils.fill_tma_descriptor
+        except (ImportError, AttributeError):
+            return None
+        args, pointer_slots, descriptor_slots, scalar_slots, described = [], [], [], [], 0
+        for name, value in zip(ws_matmul_kernel.arg_names, plan_args):
+            if isinstance(value, TensorDescriptor):
+                meta = metas[described] if metas else None
+                described += 1
+                if meta is None or meta.get("fp4_padded"):
+                    return None  # lowered to pointers, or packed: Triton's wrapper knows how
+                fill_args = (meta["swizzle"], meta["elem_size"],
+                             TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"],
+                             list(value.shape), list(value.strides), int(value.padding == "nan"))
+                descriptor_slots.append((len(args), _DESCRIBED[name], fill_args, {}))
+                args += [None, *value.shape, *value.strides]
+                continue
+            if name in _POINTERS:
+                pointer_slots.append((_POINTERS.index(name), len(args)))
+            elif name in ("alpha", "beta"):
+                scalar_slots.append(len(args))
+            args.append(value)
+        if metas and described != len(metas):
+            return None
+        return cls(launch, kernel, args, tuple(pointer_slots), tuple(descriptor_slots),
+                   tuple(scalar_slots), fill)
+
+    def __call__(self, grid: int, stream: int, pointers: tuple, alpha: float, beta: float) -> None:
+        """pointers: the data pointers of _POINTERS' tensors, None for absent ones."""
+        args = self.args.copy()
+        for index, slot in self.pointer_slots:
+            args[slot] = pointers[index]
+        for slot, index, fill_args, encoded in self.descriptor_slots:
+            address = pointers[index]
+            tensor_map = encoded.get(address)
+            if tensor_map is None:
+                tensor_map = self.fill(address, *fill_args)
+                if len(encoded) >= ENCODED_PER_SLOT:
+                    encoded.pop(next(iter(encoded)), None)  # the oldest
+                encoded[address] = tensor_map
+            args[slot] = tensor_map
+        args[self.alpha_slot], args[self.beta_slot] = alpha, beta
+        self.launch(grid, 1, 1, stream, *self.head, *args)
 
 
 def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
@@ -795,27 +893,34 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
                           plan_key=key)
     device = a.device
     with torch.cuda._DeviceGuard(device.index):
-        args = plan.args.copy()
         a_arg = _fixed(a, plan.fix_a) if plan.fix_a else a
         b_arg = _fixed(b, plan.fix_b) if plan.fix_b else b
         if plan.swap_ab:
             a_arg, b_arg = b_arg, a_arg
-        args[_SLOT["a_ptr"]], args[_SLOT["b_ptr"]] = a_arg, b_arg
-        c = args[_SLOT["c_ptr"]] = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
-        args[_SLOT["bias_ptr"]] = bias if plan.has_bias else None
-        args[_SLOT["counters_ptr"]] = zeroed_counters(plan.counters_numel, device)
-        if plan.partials_numel:
-            args[_SLOT["partials_ptr"]] = torch.empty(plan.partials_numel, dtype=torch.float32,
-                                                      device=device)
+        c = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
+        counters = zeroed_counters(plan.counters_numel, device)
+        partials = (torch.empty(plan.partials_numel, dtype=torch.float32, device=device)
+                    if plan.partials_numel else None)
+        bias = bias if plan.has_bias else None
+        kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
+        enter_hook, exit_hook = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if _idle(enter_hook) and _idle(exit_hook):
+            if plan.direct is not None:
+                pointers = tuple(t.data_ptr() if t is not None else None
+                                 for t in (a_arg, b_arg, c, bias, counters, partials))
+                plan.direct(plan.grid, stream, pointers, alpha, beta)
+                return c
+            enter_hook = exit_hook = None  # no metadata to build, no hook to call
+        args = plan.args.copy()
+        for name, t in zip(_POINTERS, (a_arg, b_arg, c, bias, counters, partials)):
+            args[_SLOT[name]] = t
         args[_SLOT["alpha"]], args[_SLOT["beta"]] = alpha, beta
         for slot, base in ((_SLOT["a_desc"], a_arg), (_SLOT["b_desc"], b_arg), (_SLOT["c_desc"], c)):
             if args[slot] is not None:
                 args[slot] = _rebased(args[slot], base)
-        kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
-        enter_hook = knobs.runtime.launch_enter_hook
         metadata = kernel.launch_metadata((plan.grid, 1, 1), stream, *args) if enter_hook else None
         kernel.run(plan.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, metadata,
-                   enter_hook, knobs.runtime.launch_exit_hook, *args)
+                   enter_hook, exit_hook, *args)
     return c
 
 
