@@ -763,7 +763,7 @@ def _plan_key(a, b, bias, alpha, beta) -> tuple:
     """Everything the launch depends on besides the data: shapes, strides, dtype, device,
     the operands' 16-byte alignment (Triton specializes on it; so does the TMA choice),
     the bias's layout, the special values of alpha and beta, TF32 and the shard setting."""
-    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device.index,
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(),
             None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16),
             a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
             a.dtype == torch.float32 and tf32_enabled(), os.environ.get(devices.SHARDS_ENV))
@@ -891,36 +891,44 @@ def _cached_launch(a, b, bias, alpha, beta) -> torch.Tensor:
         return _ws_matmul(a, b, bias, alpha, beta, config=None, num_shards=None,
                           num_programs=None, schedule=Schedule.WORK_STEALING, use_tma=None,
                           plan_key=key)
+    index = a.get_device()
+    if torch._C._cuda_getDevice() != index:  # Triton launches on the current device
+        with torch.cuda._DeviceGuard(index):
+            return _launch_plan(plan, a, b, bias, alpha, beta)
+    return _launch_plan(plan, a, b, bias, alpha, beta)
+
+
+def _launch_plan(plan: _Plan, a, b, bias, alpha, beta) -> torch.Tensor:
     device = a.device
-    with torch.cuda._DeviceGuard(device.index):
-        a_arg = _fixed(a, plan.fix_a) if plan.fix_a else a
-        b_arg = _fixed(b, plan.fix_b) if plan.fix_b else b
-        if plan.swap_ab:
-            a_arg, b_arg = b_arg, a_arg
-        c = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
-        counters = zeroed_counters(plan.counters_numel, device)
-        partials = (torch.empty(plan.partials_numel, dtype=torch.float32, device=device)
-                    if plan.partials_numel else None)
-        bias = bias if plan.has_bias else None
-        kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
-        enter_hook, exit_hook = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if _idle(enter_hook) and _idle(exit_hook):
-            if plan.direct is not None:
-                pointers = tuple(t.data_ptr() if t is not None else None
-                                 for t in (a_arg, b_arg, c, bias, counters, partials))
-                plan.direct(plan.grid, stream, pointers, alpha, beta)
-                return c
-            enter_hook = exit_hook = None  # no metadata to build, no hook to call
-        args = plan.args.copy()
-        for name, t in zip(_POINTERS, (a_arg, b_arg, c, bias, counters, partials)):
-            args[_SLOT[name]] = t
-        args[_SLOT["alpha"]], args[_SLOT["beta"]] = alpha, beta
-        for slot, base in ((_SLOT["a_desc"], a_arg), (_SLOT["b_desc"], b_arg), (_SLOT["c_desc"], c)):
-            if args[slot] is not None:
-                args[slot] = _rebased(args[slot], base)
-        metadata = kernel.launch_metadata((plan.grid, 1, 1), stream, *args) if enter_hook else None
-        kernel.run(plan.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, metadata,
-                   enter_hook, exit_hook, *args)
+    a_arg = _fixed(a, plan.fix_a) if plan.fix_a else a
+    b_arg = _fixed(b, plan.fix_b) if plan.fix_b else b
+    if plan.swap_ab:
+        a_arg, b_arg = b_arg, a_arg
+    c = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
+    counters = zeroed_counters(plan.counters_numel, device)
+    partials = (torch.empty(plan.partials_numel, dtype=torch.float32, device=device)
+                if plan.partials_numel else None)
+    bias = bias if plan.has_bias else None
+    kernel, stream = plan.kernel, torch._C._cuda_getCurrentRawStream(device.index)
+    enter_hook, exit_hook = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if _idle(enter_hook) and _idle(exit_hook):
+        if plan.direct is not None:
+            pointers = (a_arg.data_ptr(), b_arg.data_ptr(), c.data_ptr(),
+                        bias.data_ptr() if bias is not None else None, counters.data_ptr(),
+                        partials.data_ptr() if partials is not None else None)  # as _POINTERS
+            plan.direct(plan.grid, stream, pointers, alpha, beta)
+            return c
+        enter_hook = exit_hook = None  # no metadata to build, no hook to call
+    args = plan.args.copy()
+    for name, t in zip(_POINTERS, (a_arg, b_arg, c, bias, counters, partials)):
+        args[_SLOT[name]] = t
+    args[_SLOT["alpha"]], args[_SLOT["beta"]] = alpha, beta
+    for slot, base in ((_SLOT["a_desc"], a_arg), (_SLOT["b_desc"], b_arg), (_SLOT["c_desc"], c)):
+        if args[slot] is not None:
+            args[slot] = _rebased(args[slot], base)
+    metadata = kernel.launch_metadata((plan.grid, 1, 1), stream, *args) if enter_hook else None
+    kernel.run(plan.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, metadata,
+               enter_hook, exit_hook, *args)
     return c
 
 

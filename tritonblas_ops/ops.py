@@ -136,6 +136,26 @@ _DIRECT_KERNELS = torch.library.Library(NAMESPACE, "IMPL")
 
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _BODY_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+# keyset.raw_repr() -> whether the keys below autograd lead straight to the body. Computing
+# it takes three pybind calls (~3 us on the H200's host); a call's keyset is one of a few.
+_straight_to_body: dict[int, bool] = {}
+
+
+def _leads_straight_to_body(keyset) -> bool:
+    raw = keyset.raw_repr()
+    straight = _straight_to_body.get(raw)
+    if straight is None:
+        straight = _straight_to_body[raw] = (
+            (keyset & _AFTER_AUTOGRAD).highestPriorityTypeId() in _BODY_KEYS)
+    return straight
+
+
+def _needs_grad(args) -> bool:
+    if torch.is_grad_enabled():
+        for t in args:
+            if isinstance(t, Tensor) and t.requires_grad:
+                return True
+    return False
 
 
 def _skip_autograd_without_grads(op, body) -> None:
@@ -144,9 +164,7 @@ def _skip_autograd_without_grads(op, body) -> None:
     custom_autograd = torch._library.autograd.make_autograd_impl(op._opoverload, op)
 
     def autograd_kernel(keyset, *args, **keyword_only_args):
-        if ((keyset & _AFTER_AUTOGRAD).highestPriorityTypeId() in _BODY_KEYS
-                and not (torch.is_grad_enabled()
-                         and any(isinstance(t, Tensor) and t.requires_grad for t in args))):
+        if _leads_straight_to_body(keyset) and not _needs_grad(args):
             return body(*args, **keyword_only_args)
         return custom_autograd(keyset, *args, **keyword_only_args)
 
