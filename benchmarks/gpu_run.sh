@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [deploy] [sweep] [bench] [contention] [overhead] [block] [overlap] [dtypes]
-# Rough times on the H200: tests ~4 min, deploy ~4 min (AOTInductor compiles), bench ~1 min,
-# contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest under a minute each; one device call may run 10 minutes.
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [block] [overlap] [dtypes]
+# Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
+# integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
+# (AOTInductor compiles), bench ~1 min, contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
+# under a minute each; one device call may run 10 minutes.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +15,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
-stages=${*:-tests deploy bench contention overhead block overlap dtypes}
+stages=${*:-tests integration deploy bench contention overhead block overlap dtypes}
 has() { [[ " $stages " == *" $1 "* ]]; }
 
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -22,9 +24,13 @@ has() { [[ " $stages " == *" $1 "* ]]; }
 # The package's entry points (backend="tritonblas") need its metadata installed.
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1
 
+kernel_tests="tests/test_gpu.py"
 deploy_tests="tests/test_export.py tests/test_csrc_stubs.py"
-has tests && timeout ${TESTS_TIMEOUT:-360} python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfEs \
-  $(for t in $deploy_tests; do echo --ignore=$t; done) 2>&1 | grep -v "^DEBUG" | tee "$OUT/gpu_tests.log" | tail -15
+has tests && timeout ${TESTS_TIMEOUT:-420} python3 -m pytest $kernel_tests -m gpu -q -p no:cacheprovider -rfEs \
+  2>&1 | grep -v "^DEBUG" | tee "$OUT/gpu_tests.log" | tail -15
+has integration && timeout ${TESTS_TIMEOUT:-420} python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfEs \
+  $(for t in $kernel_tests $deploy_tests; do echo --ignore=$t; done) 2>&1 | grep -v "^DEBUG" \
+  | tee "$OUT/integration_tests.log" | tail -15
 has deploy && timeout ${DEPLOY_TIMEOUT:-300} python3 -m pytest $deploy_tests -m gpu -q -p no:cacheprovider -rfEs \
   2>&1 | grep -v "^DEBUG" | tee "$OUT/deploy_tests.log" | tail -15
 if has sweep; then  # select_config's calibration: forced tile configs beside its choice
