@@ -797,7 +797,7 @@ def _idle(hook) -> bool:
 
 _HOOK_CHAIN = getattr(knobs, "HookChain", ())
 _POINTERS = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "counters_ptr", "partials_ptr")
-_DESCRIBED = {"a_desc": 0, "b_desc": 1, "c_desc": 2}  # descriptor -> its tensor in _POINTERS
+_DESCRIBED = {f"{t}_desc": _POINTERS.index(f"{t}_ptr") for t in "abc"}  # descriptor -> its tensor
 DIRECT_LAUNCH_TRITON = "3.6."  # the launcher _DirectLaunch builds arguments for
 ENCODED_PER_SLOT = 8  # descriptors kept per operand, by address (a weight's never changes)
 
