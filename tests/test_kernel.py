@@ -310,18 +310,19 @@ def test_swapped_operands_match_the_reference(a_t, b_t, split_k):
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_aligned_copy_pads_rows_or_columns_to_16_bytes(transposed):
+def test_aligned_copy_pads_rows_or_columns_to_whole_lines(transposed):
     """The copies made for tensor descriptors: same values, the unit stride where asked for,
-    rows (or columns) and batches starting on 16-byte boundaries (the padding is never
-    read: descriptors clip at the edges)."""
+    rows (or columns) and batches starting on 128-byte line boundaries, more than the 16
+    bytes descriptors need (the padding is never read: descriptors clip at the edges)."""
     for dtype, cols in [(torch.bfloat16, 777), (torch.float32, 13), (torch.float16, 8)]:
         t = torch.randn(2, cols, 5, dtype=dtype).mT if transposed else torch.randn(2, 5, cols, dtype=dtype)
         for fix, unit_dim in (("rows", 2), ("columns", 1)):
             copy = kernel._fixed(t, fix)
             assert torch.equal(copy, t)
             other = 3 - unit_dim
-            assert copy.stride(unit_dim) == 1 and (copy.stride(other) * copy.element_size()) % 16 == 0
-            assert (copy.stride(0) * copy.element_size()) % 16 == 0
+            assert copy.stride(unit_dim) == 1 and (copy.stride(other) * copy.element_size()) % 128 == 0
+            assert (copy.stride(0) * copy.element_size()) % 128 == 0
+            assert copy.stride(other) * copy.element_size() < t.shape[unit_dim] * t.element_size() + 128
             assert kernel._tma_compatible(copy, traced=False)
     assert kernel._operand_fix(torch.randn(1, 4, 6)[:, :, ::2], align=False) == "contiguous"
     assert kernel._operand_fix(torch.randn(1, 4, 7), align=False) == ""

@@ -946,6 +946,10 @@ ALIGN_MIN_FLOPS_PER_BYTE = 200
 # Under TF32 a K-major copy makes the GEMM itself ~4x faster (1000^3 on the H200: 62 us
 # with a row-major B, 16 us with B K-major), so copies pay from far smaller GEMMs.
 TF32_COPY_MIN_FLOPS_PER_BYTE = 64
+# The copies pad rows to whole 128-byte lines, not to the 16 bytes descriptors need: a box
+# row that starts mid-line touches two lines (3000x5000x2000 on the H200: B's 10000-byte
+# rows cost ws 13% of its time and torch.mm 1%, NOTES.md step 16).
+COPY_ROW_BYTES = 128
 
 
 def _aligning_pays(a: torch.Tensor, b: torch.Tensor,
@@ -961,7 +965,7 @@ def _aligning_pays(a: torch.Tensor, b: torch.Tensor,
 
 def _operand_fix(t: torch.Tensor, align: bool, k_dim: int | None = None) -> str:
     """How a (B, rows, cols) operand is passed: as it is (""); when aligning pays, copied
-    into rows or columns padded to 16 bytes ("rows", "columns") if descriptors cannot read
+    into rows or columns padded to COPY_ROW_BYTES ("rows", "columns") if descriptors cannot read
     it as it is, or if `k_dim` is given and K is not its contiguous dimension; or copied to
     row-major ("contiguous": with no unit stride every load would be a gather)."""
     if align and ((k_dim is not None and t.stride(k_dim) != 1)
@@ -972,9 +976,9 @@ def _operand_fix(t: torch.Tensor, align: bool, k_dim: int | None = None) -> str:
 
 def _fixed(t: torch.Tensor, fix: str) -> torch.Tensor:
     if fix == "rows":
-        per_16_bytes = 16 // t.element_size()
+        per_row_unit = COPY_ROW_BYTES // t.element_size()
         cols = t.shape[-1]
-        padded = t.new_empty(*t.shape[:-1], -(-cols // per_16_bytes) * per_16_bytes)
+        padded = t.new_empty(*t.shape[:-1], -(-cols // per_row_unit) * per_row_unit)
         return relayout.copy_into(padded[..., :cols], t)
     if fix == "columns":
         return _fixed(t.mT, "rows").mT
