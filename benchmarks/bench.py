@@ -24,6 +24,7 @@ except ImportError:  # the progress bar is a nicety; a CPU machine need not inst
         return iterable
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+ROW_MAJOR, K_MAJOR = "row-major", "k-major"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
 def _run_gemms(env, shapes, provs, dtype, device, args) -> list[results.Row]:
     rows = []
     for shape in tqdm(shapes, unit="shape"):
-        a, b, check_rows, ref = _inputs(shape, dtype, device)
+        a, b, check_rows, ref = _inputs(shape, dtype, device, args.b_layout)
         verified = {}
         for prov in provs:
             try:
@@ -80,7 +81,7 @@ def _run_contention(env, shapes, provs, held_list, dtype, device, args) -> list[
     streams = (torch.cuda.Stream(), torch.cuda.Stream())
     rows = []
     for shape in shapes:
-        a, b, check_rows, ref = _inputs(shape, dtype, device)
+        a, b, check_rows, ref = _inputs(shape, dtype, device, args.b_layout)
         verified = {prov.name: _verified_call(prov, shape, a, b, check_rows, ref) for prov in provs}
         unheld = measure.time_ms({name: call for name, (call, _) in verified.items()}, device,
                                  warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
@@ -117,10 +118,15 @@ def _run_overhead(env, dtype, device, *, smoke: bool) -> list[results.Row]:
     return rows
 
 
-def _inputs(shape, dtype, device):
-    """Operands, the output rows to check and their float64 reference (computed once per shape)."""
+def _inputs(shape, dtype, device, b_layout=ROW_MAJOR):
+    """Operands, the output rows to check and their float64 reference (computed once per shape).
+    B is row-major, or K-major: the transpose of a row-major (N, K) tensor, as nn.Linear
+    passes its weight."""
     a = torch.randn(shape.m, shape.k, dtype=dtype, device=device)
-    b = torch.randn(shape.k, shape.n, dtype=dtype, device=device)
+    if b_layout == K_MAJOR:
+        b = torch.randn(shape.n, shape.k, dtype=dtype, device=device).mT
+    else:
+        b = torch.randn(shape.k, shape.n, dtype=dtype, device=device)
     check_rows = measure.reference_rows(shape.m)
     return a, b, check_rows, measure.matmul_ref(a, b, check_rows)
 
@@ -183,6 +189,9 @@ def _parse(argv):
                         help="default: full (8192x8192x8192 alone with --contention)")
     parser.add_argument("--shapes", metavar="MxNxK,...", help="explicit shapes instead of the corpus")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--b-layout", choices=(ROW_MAJOR, K_MAJOR), default=ROW_MAJOR,
+                        help="B as a row-major (K, N) tensor, or K-major: the transpose of an (N, K) "
+                             "one, as nn.Linear passes its weight (TF32 then needs no copy)")
     parser.add_argument("--shards", type=_int_list, metavar="S,S,...",
                         help="work-stealing shard counts to sweep (rows ws_sS); default: the library's")
     parser.add_argument("--configs", type=lambda text: [parse_config(c) for c in text.split(",")],

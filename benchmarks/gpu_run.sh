@@ -58,4 +58,7 @@ if has dtypes; then
   for dtype in fp16 fp32; do
     python3 -m benchmarks.bench --corpus quick --dtype $dtype --out "$OUT/h200_$dtype.csv" 2>&1 | tee "$OUT/bench_$dtype.log" | tail -16
   done
+  # TF32 with B laid out as nn.Linear's weight is (K-major: no copy needed)
+  python3 -m benchmarks.bench --corpus quick --dtype fp32 --b-layout k-major --out "$OUT/h200_fp32_kmajor.csv" 2>&1 \
+    | tee "$OUT/bench_fp32_kmajor.log" | tail -16
 fi

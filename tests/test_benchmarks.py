@@ -2,11 +2,12 @@
 shapes): every provider passes the float64 gate and lands in the CSV."""
 
 import csv
+import json
 
 import pytest
 import torch
 
-from benchmarks import bench, measure, overhead
+from benchmarks import bench, corpus, measure, overhead
 from benchmarks.providers import config_name, parse_config
 
 
@@ -20,6 +21,18 @@ def test_smoke_run_writes_a_row_per_shape_and_provider(tmp_path):
     assert all(row["dtype"] == "bfloat16" for row in rows)  # the harness's default
     assert all(float(row["rel_err"]) <= measure.TOLERANCE[torch.bfloat16] for row in rows)
     assert all(float(row["p50_ms"]) > 0 for row in rows)
+
+
+def test_k_major_b_is_passed_as_nn_linear_passes_its_weight(tmp_path):
+    shape = corpus.parse_shapes("24x40x56")[0]
+    _, b, _, _ = bench._inputs(shape, torch.float32, torch.device("cpu"), bench.K_MAJOR)
+    assert b.shape == (56, 40) and b.stride() == (1, 56)
+    out = tmp_path / "k_major.csv"
+    bench.main(["--smoke", "--dtype", "fp32", "--b-layout", "k-major", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert rows and all(float(row["rel_err"]) <= measure.TOLERANCE[torch.float32] for row in rows)
+    # The CSV's columns stay the same; the run's metadata says how B was laid out.
+    assert json.loads(out.with_suffix(".json").read_text())[-1]["args"]["b_layout"] == "k-major"
 
 
 def test_config_names_round_trip_and_bad_ones_are_refused():
