@@ -976,9 +976,9 @@ def _operand_fix(t: torch.Tensor, align: bool, k_dim: int | None = None) -> str:
 
 def _fixed(t: torch.Tensor, fix: str) -> torch.Tensor:
     if fix == "rows":
-        per_row_unit = COPY_ROW_BYTES // t.element_size()
+        per_line = COPY_ROW_BYTES // t.element_size()  # elements
         cols = t.shape[-1]
-        padded = t.new_empty(*t.shape[:-1], -(-cols // per_row_unit) * per_row_unit)
+        padded = t.new_empty(*t.shape[:-1], -(-cols // per_line) * per_line)
         return relayout.copy_into(padded[..., :cols], t)
     if fix == "columns":
         return _fixed(t.mT, "rows").mT
