@@ -3,7 +3,7 @@ Inductor, side by side in one process. See README.md for the commands.
 
 Modes (one per run):
   default        every shape of --corpus (or --shapes), each provider, cold L2
-  --contention   the same under another stream holding H SMs (DESIGN.md section 5)
+  --contention   the same under another stream holding H SMs (METHOD.md)
   --overhead     host wall time of one eager call on a 64^3 GEMM
 --smoke runs the GEMM mode on the CPU through the Triton interpreter, to check the plumbing.
 """
@@ -161,7 +161,7 @@ def _shapes(args) -> list[corpus.Shape]:
     if args.corpus:
         return corpus.CORPORA[args.corpus]
     if args.contention is not None:
-        return corpus.parse_shapes("8192x8192x8192")  # the shape of DESIGN.md's contention table
+        return corpus.parse_shapes("8192x8192x8192")  # the shape of METHOD.md's contention tables
     return corpus.FULL
 
 

@@ -11,7 +11,6 @@ milliseconds and the ratio default / routed (above 1: routing is faster).
 
 import argparse
 import datetime
-import importlib
 import statistics
 
 import torch
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 import triton
 
 import tritonblas_ops
+from tritonblas_ops import settings
 
 BATCH, SEQ, HIDDEN, HEADS, FFN = 4, 512, 2048, 16, 5632
 
@@ -78,11 +78,11 @@ def median_ms(fn, iters: int) -> float:
     return statistics.median(times)
 
 
-def time_variant(block, x, grad, *, routed: bool, iters: int) -> tuple[float, float]:
+def time_variant(block, x, grad, *, routed: bool, path: str, iters: int) -> tuple[float, float]:
     """(forward ms, forward + backward ms) of the block compiled with routing on or off."""
-    torch._dynamo.reset()  # a fresh compile, under this variant's routing state
+    torch._dynamo.reset()  # a fresh compile, under this variant's routing settings
     compiled = torch.compile(block)
-    with tritonblas_ops.routing(routed):
+    with tritonblas_ops.routing(routed, path=path):
         for _ in range(3):  # compiles the forward, then (lazily) the backward; warms up
             compiled(x).backward(grad)
     torch.cuda.synchronize()
@@ -97,20 +97,18 @@ def main() -> None:
                         help="what a routed GEMM becomes (default: TRITONBLAS_OPS_ROUTING_PATH)")
     parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args()
-    routing_module = importlib.import_module("tritonblas_ops.routing")
-    if args.path is not None:
-        routing_module._path = routing_module.Path(args.path)
+    path = args.path or settings.current().path.value
 
     torch.manual_seed(0)
     block = LlamaBlock().cuda().to(torch.bfloat16)
     x = torch.randn(BATCH, SEQ, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn_like(x)
-    default = time_variant(block, x, grad, routed=False, iters=args.iters)
-    routed = time_variant(block, x, grad, routed=True, iters=args.iters)
+    default = time_variant(block, x, grad, routed=False, path=path, iters=args.iters)
+    routed = time_variant(block, x, grad, routed=True, path=path, iters=args.iters)
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-          f"routing path {routing_module._path.value}, median of {args.iters}")
+          f"routing path {path}, median of {args.iters}")
     print(f"block: batch {BATCH}, seq {SEQ}, hidden {HIDDEN}, heads {HEADS}, ffn {FFN}, bf16")
     print(f"{'':<18}{'default ms':>12}{'routed ms':>12}{'default/routed':>16}")
     for name, base, ours in zip(("forward", "forward+backward"), default, routed):

@@ -1,4 +1,4 @@
-"""GEMM throughput while another stream holds H SMs (DESIGN.md section 5).
+"""GEMM throughput while another stream holds H SMs (METHOD.md, "Contention").
 
 Per trial: the hog takes H SMs on its own stream; on the GEMM stream a one-SM delay kernel
 gives it a head start (DELAY_MS), then several GEMMs run back to back between two CUDA

@@ -46,7 +46,7 @@ FULL = [
     # Few output tiles, long K loops: fewer tiles than SMs, so the schedule matters.
     *(_plain("k_heavy", *mnk) for mnk in ((1024, 1024, 16384), (256, 512, 32768))),
     *(_plain("skinny", *mnk) for mnk in ((64, 8192, 8192), (128, 8192, 8192), (16, 4096, 4096))),
-    # The remaining rows of the probe table in DESIGN.md section 5, for comparison.
+    # The remaining rows of the probe table in METHOD.md, for comparison.
     *(_plain("design", *mnk) for mnk in ((4864, 8192, 4160), (4096, 14336, 4096))),
 ]
 
@@ -60,7 +60,7 @@ QUICK = [s for s in FULL if s.name in _QUICK_NAMES]
 # Tiny shapes for the CPU interpreter (--smoke): one ragged in every dimension.
 SMOKE = [_plain("smoke", 70, 50, 40), _plain("smoke", 32, 64, 96)]
 
-# The six rows of DESIGN.md section 5's probe table: small enough for --inductor.
+# The six rows of METHOD.md's probe table: small enough for --inductor.
 _DESIGN_NAMES = ("sq8192", "4864x8192x4160", "4096x14336x4096", "3000x5000x2000", "128x8192x8192",
                  "1000x1000x1000")
 DESIGN = [s for name in _DESIGN_NAMES for s in FULL if s.name == name]

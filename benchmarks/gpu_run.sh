@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [block] [overlap] [dtypes]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [block] [overlap] [dtypes] [ab]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
 # (AOTInductor compiles), bench ~1 min, contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
-# under a minute each; one device call may run 10 minutes.
+# under a minute each; one device call may run 10 minutes. `ab` (not in the default list) compares this tree
+# with another checkout in .baseline/ (git archive <commit> tritonblas_ops benchmarks | tar -x -C .baseline):
+# host time and output bits (benchmarks/ab.py), then the baseline's corpus (run `bench` beside it), ~3 min.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +56,11 @@ if has block; then
   done
 fi
 has overlap && python3 -m benchmarks.overlap --hog-sms 16,33 --out "$OUT/h200_overlap.csv" 2>&1 | tee "$OUT/overlap.log" | tail -20
+if has ab; then
+  python3 -m benchmarks.ab --baseline .baseline --rounds 3 --fast-paths-off --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log" | tail -8
+  (cd .baseline && PYTHONPATH=$PWD python3 -m benchmarks.bench --out "$OUT/baseline_bf16.csv" 2>&1 \
+    | tee "$OUT/baseline_bench.log" | tail -3)
+fi
 if has dtypes; then
   for dtype in fp16 fp32; do
     python3 -m benchmarks.bench --corpus quick --dtype $dtype --out "$OUT/h200_$dtype.csv" 2>&1 | tee "$OUT/bench_$dtype.log" | tail -16

@@ -8,8 +8,8 @@ import torch
 import tritonblas_ops  # noqa: F401  registers torch.ops.tritonblas
 from benchmarks import measure
 from benchmarks.providers import TORCH_MM, WORK_STEALING
+from tritonblas_ops import fastpath, is_checked, set_checked, ws_matmul
 from tritonblas_ops.device import default_num_shards
-from tritonblas_ops.kernel import ws_matmul
 
 SIZE = 64
 WARMUP_CALLS = 20
@@ -34,14 +34,27 @@ def providers() -> dict:
     """name -> f(a, b). `ws` is the Python entry point under the op, to split the op's
     dispatch cost from the launcher's; `ws_uncached` passes a knob (the default shard
     count), which skips the cached plan: every decision and Triton's own launch, each call;
-    `python_op_floor` launches nothing (above)."""
+    `ws_checked` is a checked launch (a synchronization and two counter read-backs each);
+    `python_op_floor` launches nothing (above). With TRITONBLAS_OPS_FAST_PATHS=0 the names
+    end in `_public`: every call then takes the public APIs (fastpath.py)."""
+    suffix = "" if fastpath.ENABLED else "_public"
     return {
         TORCH_MM: torch.mm,
         PYTHON_OP_FLOOR: torch.ops.tritonblas_bench.empty_mm,
-        "ws_op": torch.ops.tritonblas.ws_mm,
-        WORK_STEALING: ws_matmul,
-        "ws_uncached": lambda a, b: ws_matmul(a, b, num_shards=default_num_shards(a.device)),
+        "ws_op" + suffix: torch.ops.tritonblas.ws_mm,
+        WORK_STEALING + suffix: ws_matmul,
+        "ws_uncached" + suffix: lambda a, b: ws_matmul(a, b, num_shards=default_num_shards(a.device)),
+        "ws_checked" + suffix: _checked_call,
     }
+
+
+def _checked_call(a, b):
+    before = is_checked()
+    set_checked(True)
+    try:
+        return ws_matmul(a, b)
+    finally:
+        set_checked(before)
 
 
 def us_per_call(fns: dict, a, b, *, calls_per_trial: int, trials: int) -> dict:

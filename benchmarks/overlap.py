@@ -1,4 +1,4 @@
-"""A GEMM overlapped with an all-reduce on another stream (issue 8; DESIGN.md section 5).
+"""A GEMM overlapped with an all-reduce on another stream (issue 8; METHOD.md, "Overlap").
 
     python -m benchmarks.overlap --hog-sms 16,33 --out benchmarks/results/h200_overlap.csv
     torchrun --nproc-per-node 2 -m benchmarks.overlap --out benchmarks/results/h200x2_overlap.csv

@@ -9,7 +9,7 @@ import torch
 import tritonblas_ops
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import TileConfig
-from tritonblas_ops.kernel import Schedule, ws_matmul
+from tritonblas_ops import Schedule, ws_matmul
 
 TORCH_MM = "torch_mm"  # cuBLAS(Lt) on NVIDIA: the bar to meet
 STATIC = "static"  # the same kernel and tile body, tiles assigned statically

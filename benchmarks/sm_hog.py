@@ -1,5 +1,5 @@
 """Hold H SMs busy for a while from another stream: the contention a GEMM sees when it
-shares the GPU with, say, an NCCL all-reduce (DESIGN.md section 5).
+shares the GPU with, say, an NCCL all-reduce (METHOD.md, "Contention").
 
 One block of 32 warps spins on %globaltimer per held SM. Each block also keeps 64 int32
 values per thread live across the spin (loaded before it, stored after it), so it takes

@@ -13,12 +13,36 @@ requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a GPU; skipped on CPU-only machines")
+    config.addinivalue_line("markers", "quickstart: builds a fresh venv from a clean clone (minutes)")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(requires_gpu)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def checked_launches():
+    """Every launch of the test session is checked (launch.set_checked): its counters are
+    read back before and after it, so a counter bug fails the test that caused it. Set
+    TRITONBLAS_OPS_CHECKED to choose otherwise."""
+    import tritonblas_ops
+
+    if "TRITONBLAS_OPS_CHECKED" not in os.environ:
+        tritonblas_ops.set_checked(True)
+    yield
+
+
+@pytest.fixture
+def unchecked():
+    """Launches not checked, for tests of what unchecked calls take (the fast launch)."""
+    import tritonblas_ops
+
+    before = tritonblas_ops.is_checked()
+    tritonblas_ops.set_checked(False)
+    yield
+    tritonblas_ops.set_checked(before)
 
 
 @pytest.fixture

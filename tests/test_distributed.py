@@ -267,7 +267,7 @@ def worker(out_dir: str) -> None:
     # `import tritonblas_ops` has registered the rules (test_import_registers_the_rules);
     # registering again is a no-op, and keeps this worker independent of that test.
     tritonblas_ops.distributed.register()
-    importlib.import_module("tritonblas_ops.routing").route_cpu(True)
+    tritonblas_ops.route_cpu(True)
     mesh = DeviceMesh("cpu", list(range(WORLD_SIZE)))
     results = {}
     try:

@@ -105,7 +105,7 @@ AOTI_COMPILE = """
 
     device, dtype = {device!r}, {dtype}
     if {routed} and device == "cpu":  # CPU GEMMs are routed only on request
-        importlib.import_module("tritonblas_ops.routing").route_cpu(True)
+        tritonblas_ops.route_cpu(True)
     torch.manual_seed(0)
 
     class Routed(torch.nn.Module):
@@ -173,7 +173,7 @@ def run_package(package: str) -> torch.Tensor:
 def aoti_runs_cuda_packages(tmp_path_factory) -> None:
     """Control: a package of plain torch (no tritonblas op or kernel in it) must load and
     run here, or a failure below says nothing about this project. On the lent H200 (torch
-    2.11) loading any CUDA package segfaulted (benchmarks/RESULTS.md, run 12)."""
+    2.11) loading any CUDA package segfaulted (benchmarks/RESULTS.md, AOTInductor)."""
     package, _ = compile_package(tmp_path_factory.mktemp("control"), "cuda", routed=False)
     code = (f"import torch\nx = torch.load({package + '.tensors'!r})['x']\n"
             f"torch._inductor.aoti_load_package({package!r})(x)\ntorch.cuda.synchronize()\n")

@@ -10,12 +10,14 @@ import torch
 import triton
 from torch.library import opcheck
 from triton import knobs
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import tritonblas_ops  # noqa: F401
-from tritonblas_ops import counters, kernel, relayout
+from tritonblas_ops import counters, fastpath, launch, relayout
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import select_config
-from tritonblas_ops.kernel import Schedule, ws_matmul
+from tritonblas_ops.launch import ws_matmul
+from tritonblas_ops.plan import Operand, OperandCopy, Schedule
 from tritonblas_ops.testing import (
     REL_TOLERANCE,
     assert_every_unit_computed_once,
@@ -140,13 +142,13 @@ def test_tf32_launch_gives_the_kernel_k_major_operands(precision, size):
     """wgmma reads TF32 operands K-major only: a row-major B is copied into K-contiguous
     columns (on the first launch and the cached ones), A row-major is left as it is;
     1000^3 is under the 16-bit copy threshold, not TF32's."""
-    kernel._plans.clear()
+    launch.clear_plans()
     a = torch.randn(size, size, device="cuda")
     b = torch.randn(size, size, device="cuda")
     out = ws_matmul(a, b)
     assert_matches(out, matmul_ref(a, b), tolerance(precision))
-    (plan,) = kernel._plans.values()
-    assert (plan.fix_a, plan.fix_b) == ("", "columns")
+    (plan,) = launch.cached_plans()
+    assert (plan.copy_a, plan.copy_b) == (OperandCopy.NONE, OperandCopy.COLUMNS)
     assert torch.equal(ws_matmul(a, b), out)
 
 
@@ -172,23 +174,25 @@ def test_unaligned_operands_are_copied_aligned_for_descriptors(m, n, k, batches,
         return t if batches > 1 else t[0]
 
     a, b = make(m, k, a_t), make(k, n, b_t)
-    a3 = a if batches > 1 else a.unsqueeze(0)
-    b3 = b if batches > 1 else b.unsqueeze(0)
-    assert kernel._aligning_pays(a3, b3)
-    for t in (a3, b3):  # what descriptors cannot read as it is gets copied, and then can
-        assert kernel._tma_compatible(kernel._fixed(t, kernel._operand_fix(t, align=True)), traced=False)
+    plan = launch.plan_for(a, b, None, 1.0, 1.0)
+    assert OperandCopy.ROWS in (plan.copy_a, plan.copy_b) and plan.use_tma
+    for t, copy in ((a, plan.copy_a), (b, plan.copy_b)):  # copied as planned: line-aligned rows
+        if copy is OperandCopy.ROWS:
+            copied = launch.copy_operand(t, copy)
+            assert Operand.of(copied, traced=False).aligned and (copied.stride(-2) * 2) % 128 == 0
     for _ in range(2):  # the first launch, then the cached one
         out = torch.ops.tritonblas.ws_bmm(a, b) if batches > 1 else torch.ops.tritonblas.ws_mm(a, b)
         assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
 
 
+@pytest.mark.usefixtures("unchecked")
 def test_cached_launch_matches_the_first_launch_and_reuses_its_plan():
     """The second call with a key launches Triton's compiled kernel directly: same bits, one
     plan per key (alignment is part of the key: an operand 2 bytes off its allocation gets
-    its own), new tensors of the same layout read through the plan's descriptors, and no
-    plan keeps a tensor of the call that made it alive."""
-    kernel._plans.clear()
-    for offset in (0, 1):  # aligned (TMA) and 2 bytes off (pointer loads)
+    its own, which copies it aligned), new tensors of the same layout read through the plan's descriptors, and no
+    cached launch keeps a tensor of the call that made it alive."""
+    launch.clear_plans()
+    for offset in (0, 1):  # aligned, and 2 bytes off
         for _ in range(2):  # the second time new tensors meet the first time's plan
             base = torch.randn(4097 * 1024 + 1, dtype=torch.bfloat16, device="cuda")
             a = base[offset:offset + 4096 * 1024].view(4096, 1024)
@@ -198,9 +202,9 @@ def test_cached_launch_matches_the_first_launch_and_reuses_its_plan():
             outs = [ws_matmul(a, b, bias, alpha=0.5, beta=2.0) for _ in range(3)]
             assert_matches(outs[0], ref, REL_TOLERANCE[torch.bfloat16])
             assert all(torch.equal(out, outs[0]) for out in outs[1:])
-    assert len(kernel._plans) == 2
-    kept = [arg.base if isinstance(arg, kernel.TensorDescriptor) else arg
-            for plan in kernel._plans.values() for arg in plan.args]
+    assert [plan.copy_a for plan in launch.cached_plans()] == [OperandCopy.NONE, OperandCopy.ROWS]
+    kept = [arg.base if isinstance(arg, TensorDescriptor) else arg
+            for cached in launch._cache.values() for arg in cached.launch.args]
     assert not any(isinstance(arg, torch.Tensor) for arg in kept)
     a = torch.randn(333, 1000, dtype=torch.float16, device="cuda")
     b = torch.randn(1000, 222, dtype=torch.float16, device="cuda")
@@ -219,25 +223,32 @@ CACHED_CASES = {  # (M, N, K, A transposed, B transposed, bias, dtype)
 }
 
 
-DIRECT_LAUNCH = triton.__version__.startswith(kernel.DIRECT_LAUNCH_TRITON)
+DIRECT_LAUNCH = fastpath.ENABLED and triton.__version__.startswith(fastpath.DIRECT_LAUNCH_TRITON)
 
 
-def spy_on_direct_launch(plan) -> list:
-    """Counts the cached calls that take the plan's direct C launch."""
-    calls, direct = [], plan.direct
+def only_cached_launch():
+    (cached,) = launch._cache.values()
+    return cached.launch
+
+
+def spy_on_direct_launch() -> list:
+    """Counts the cached calls that take the cached launch's direct C launch."""
+    cached = only_cached_launch()
+    calls, direct = [], cached.direct
     assert direct is not None, (
         f"no direct launch: Triton {triton.__version__}'s launcher is not the shape "
-        f"_DirectLaunch.build expects")
+        f"fastpath.DirectLaunch.build expects")
 
     def spy(*args):
         calls.append(args)
         return direct(*args)
 
-    plan.direct = spy
+    cached.direct = spy
     return calls
 
 
 @pytest.mark.parametrize("case", list(CACHED_CASES))
+@pytest.mark.usefixtures("unchecked")
 def test_cached_calls_match_a_launch_through_tritons_binding(case):
     """Cached calls (the plan's kernel launched with the call's tensors) give bitwise what
     the uncached path gives (every decision made again, Triton's own argument binding) for
@@ -246,7 +257,7 @@ def test_cached_calls_match_a_launch_through_tritons_binding(case):
     call's B again, whose descriptor (and likely C's: the allocator hands its block out
     again) is then the one encoded before."""
     m, n, k, a_t, b_t, has_bias, dtype = CACHED_CASES[case]
-    kernel._plans.clear()
+    launch.clear_plans()
     direct_calls = []
     for call in range(4):
         a = operand(m, k, dtype, a_t)
@@ -254,25 +265,24 @@ def test_cached_calls_match_a_launch_through_tritons_binding(case):
             b = operand(k, n, dtype, b_t)
         bias = torch.randn(n, dtype=dtype, device="cuda") if has_bias else None
         out = ws_matmul(a, b, bias, alpha=0.5, beta=2.0)
-        (plan,) = kernel._plans.values()
         if call == 0 and DIRECT_LAUNCH:
-            direct_calls = spy_on_direct_launch(plan)
+            direct_calls = spy_on_direct_launch()
         uncached = ws_matmul(a, b, bias, alpha=0.5, beta=2.0, num_shards=devices.default_num_shards(a.device))
         assert torch.equal(out, uncached), (case, call)
         assert_matches(out, matmul_ref(a, b, bias, alpha=0.5, beta=2.0), REL_TOLERANCE[dtype])
     assert len(direct_calls) == (3 if DIRECT_LAUNCH else 0)
 
 
+@pytest.mark.usefixtures("unchecked")
 def test_launch_hooks_see_cached_calls():
     """A profiler's launch hook (Triton's knobs) sends cached calls through Triton's own
     launcher, which calls it with the kernel's metadata; once removed, the direct launch
     comes back."""
     a = torch.randn(1000, 800, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(800, 600, dtype=torch.bfloat16, device="cuda")
-    kernel._plans.clear()
+    launch.clear_plans()
     first = ws_matmul(a, b)
-    (plan,) = kernel._plans.values()
-    direct_calls = spy_on_direct_launch(plan) if DIRECT_LAUNCH else []
+    direct_calls = spy_on_direct_launch() if DIRECT_LAUNCH else []
     seen = []
 
     def hook(metadata):
@@ -345,7 +355,7 @@ def test_cuda_graph_capture_and_replay_with_new_inputs():
 
 @pytest.mark.parametrize("slab", ["slices", "spent"])
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (256, 512, 32768)], ids=["whole", "split_k"])
-def test_two_graphs_replayed_at_once_on_two_streams(m, n, k, slab, monkeypatch):
+def test_two_graphs_replayed_at_once_on_two_streams(m, n, k, slab):
     """Every captured launch has counters of its own (a slice of the slab, or with the slab
     spent, zeros of its own in the graph), so two graphs replayed at the same time on two
     streams both stay right; shared counters would give each tile to one of them only."""
@@ -354,8 +364,7 @@ def test_two_graphs_replayed_at_once_on_two_streams(m, n, k, slab, monkeypatch):
     torch.ops.tritonblas.ws_mm(*pairs[0])  # compiles; makes the slab
     torch.cuda.synchronize()
     if slab == "spent":
-        index = torch.cuda.current_device()
-        monkeypatch.setitem(counters._slab_used, index, counters._slabs[index].numel())
+        counters.spend_slab(torch.device("cuda", torch.cuda.current_device()))
     graphs, outs = [torch.cuda.CUDAGraph() for _ in pairs], []
     for graph, (a, b) in zip(graphs, pairs):
         with torch.cuda.graph(graph):
@@ -403,3 +412,46 @@ def test_opcheck_on_cuda(requires_grad):
     opcheck(torch.ops.tritonblas.ws_mm, (t(64, 48), t(32, 48).mT))
     opcheck(torch.ops.tritonblas.ws_addmm, (t(32), t(48, 64).mT, t(32, 48).mT), {"beta": 0.5, "alpha": 2.0})
     opcheck(torch.ops.tritonblas.ws_bmm, (t(3, 64, 48), t(3, 48, 32)))
+
+
+@pytest.mark.usefixtures("unchecked")
+def test_the_applications_triton_allocator_is_left_alone():
+    """Eager launches build their descriptors on the host and need no scratch memory: an
+    allocator the application gave Triton stays set, whatever path a call takes."""
+    from triton.runtime import _allocation
+
+    def application_allocator(size, alignment, stream):
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    previous = _allocation._allocator.get()
+    triton.set_allocator(application_allocator)
+    try:
+        a = torch.randn(1024, 768, dtype=torch.bfloat16, device="cuda")
+        b = torch.randn(768, 512, dtype=torch.bfloat16, device="cuda")
+        launch.clear_plans()
+        for _ in range(2):  # uncached, then cached
+            assert_matches(torch.ops.tritonblas.ws_mm(a, b), matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+        assert_matches(ws_matmul(a, b, use_tma=True, num_programs=7), matmul_ref(a, b),
+                       REL_TOLERANCE[torch.bfloat16])
+        assert _allocation._allocator.get() is application_allocator
+    finally:
+        triton.set_allocator(previous)
+
+
+def test_compiled_explicit_op_makes_its_descriptors_in_the_programs():
+    """torch.compile of a function calling ws_mm decomposes the op into its Triton kernel,
+    whose programs make the descriptors (no data pointers while tracing); Inductor gives
+    them scratch memory, with no allocator of ours set."""
+    from torch._inductor.utils import run_and_get_code
+    from triton.runtime import _allocation
+
+    torch._dynamo.reset()
+    triton.set_allocator(_allocation.NullAllocator())
+    a = torch.randn(1024, 768, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(768, 512, dtype=torch.bfloat16, device="cuda")
+    plan = launch.plan_for(a, b, None, 1.0, 1.0)
+    assert plan.use_tma
+    out, code = run_and_get_code(torch.compile(lambda x, y: torch.ops.tritonblas.ws_mm(x, y)), a, b)
+    assert "ws_matmul_kernel" in "\n".join(code)
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+    torch._dynamo.reset()

@@ -1,18 +1,17 @@
 """The kernel itself, run by Triton's interpreter on CPU tensors: numerics at ragged edges,
-every layout, the scheduling guarantee and bitwise reproducibility."""
+every layout, the scheduling guarantee, bitwise reproducibility, and what it does when its
+counters are not all zero at launch."""
 
 import dataclasses
 import itertools
 
 import pytest
 import torch
-from triton import knobs
 
-from tritonblas_ops import device as devices
-from tritonblas_ops import config as configs
-from tritonblas_ops import counters, kernel, relayout
-from tritonblas_ops.config import TileConfig, num_tiles, select_config
-from tritonblas_ops.kernel import Schedule, counter_elements, launch, ws_matmul
+from tritonblas_ops import counters, interpreter, launch, relayout, scheduler
+from tritonblas_ops.config import TileConfig
+from tritonblas_ops.launch import ws_matmul
+from tritonblas_ops.plan import Knobs, Schedule
 from tritonblas_ops.testing import (
     REL_TOLERANCE,
     assert_every_unit_computed_once,
@@ -57,32 +56,21 @@ TMA_SHAPES = [(8, 8, 8), (40, 24, 56), (136, 72, 152), (24, 40, 8)]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("a_t,b_t", list(itertools.product([False, True], repeat=2)))
 @pytest.mark.parametrize("m,n,k", TMA_SHAPES)
-def test_tensor_descriptor_path_matches_reference(m, n, k, a_t, b_t, dtype, made_by, monkeypatch):
+def test_tensor_descriptor_path_matches_reference(m, n, k, a_t, b_t, dtype, made_by):
     """Descriptors built on the host (eager launches) or by each program (traced ones)."""
-    real_launch = kernel.launch
-    monkeypatch.setattr(kernel, "launch", lambda *args, **kwargs: real_launch(
-        *args, host_descriptors=made_by == "host", **kwargs))
+    def run(a, b, bias=None, alpha=1.0, beta=1.0, **knobs):
+        knobs = Knobs(use_tma=True, host_descriptors=made_by == "host", **knobs)
+        plan = launch.plan_for(a, b, bias, alpha, beta, knobs)
+        assert plan.use_tma and plan.host_descriptors == (made_by == "host")
+        return launch.execute(plan, a, b, bias, alpha, beta)[0]
+
     a, b = operand(m, k, dtype, a_t), operand(k, n, dtype, b_t)
     bias = torch.randn(n, dtype=dtype)
-    out = ws_matmul(a, b, bias, alpha=0.5, beta=2.0, config=SMALL, use_tma=True)
+    out = run(a, b, bias, 0.5, 2.0, config=SMALL)
     assert_matches(out, matmul_ref(a, b, bias, alpha=0.5, beta=2.0), REL_TOLERANCE[dtype])
     a3, b3 = torch.randn(3, m, k, dtype=dtype), torch.randn(3, k, n, dtype=dtype)
-    out = ws_matmul(a3, b3, config=SMALL, num_programs=5, use_tma=True)
+    out = run(a3, b3, config=SMALL, num_programs=5)
     assert_matches(out, matmul_ref(a3, b3), REL_TOLERANCE[dtype])
-
-
-def test_plan_descriptors_rebase_onto_new_tensors():
-    """A cached plan keeps its descriptors without tensors and rebases them per call: same
-    layout, the new base, the kept template untouched."""
-    a3 = torch.randn(2, 40, 24)
-    made = kernel._host_descriptors(a3, torch.randn(2, 24, 56), torch.empty(2, 40, 56), SMALL)
-    for descriptor in made:
-        template = kernel._rebased(descriptor, None)
-        other = torch.randn(2, 40, 24)
-        rebased = kernel._rebased(template, other)
-        assert rebased.base is other and template.base is None
-        assert (rebased.shape, rebased.strides, rebased.block_shape, rebased.padding) == (
-            descriptor.shape, descriptor.strides, descriptor.block_shape, descriptor.padding)
 
 
 def test_tensor_descriptors_refused_on_unaligned_strides():
@@ -118,9 +106,9 @@ def test_ragged_edge_tiles_never_write_outside_the_output():
     buffer = torch.full((1, m + 9, n + 11), sentinel)
     out = buffer[:, 4 : 4 + m, 5 : 5 + n]
     out.fill_(float("nan"))
-    counters = torch.zeros(counter_elements(2, num_tiles(m, n, 1, SMALL), 1), dtype=torch.int32)
-    launch(a[None], b[None], out, None, 1.0, 1.0, counters,
-           config=SMALL, num_shards=2, num_programs=3)
+    plan = launch.plan_for(a, b, None, 1.0, 1.0, Knobs(SMALL, num_shards=2, num_programs=3), out=out)
+    counters = torch.zeros(plan.queue.numel, dtype=torch.int32)
+    launch.launch_kernel(plan, a, b, out, None, counters, None, 1.0, 1.0)
     assert_matches(out[0], matmul_ref(a, b), REL_TOLERANCE[torch.float32])
     border = torch.ones_like(buffer, dtype=torch.bool)
     border[:, 4 : 4 + m, 5 : 5 + n] = False
@@ -146,37 +134,12 @@ def test_launches_share_one_counter_buffer_left_at_zero():
     cases = [(SMALL, 3, 5), (dataclasses.replace(SMALL, split_k=3), 2, 4), (SMALL, 8, 3)]
     for config, shards, programs in cases:
         a, b = torch.randn(37, 50), torch.randn(50, 29)
+        knobs = Knobs(config, shards, programs)
         out = ws_matmul(a, b, config=config, num_shards=shards, num_programs=programs)
         assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.float32])
-        buffer = counters._eager[("cpu", None)]
-        assert buffer.numel() >= counter_elements(shards, num_tiles(37, 29, 1, config), config.split_k)
-        assert (buffer == 0).all(), (config, shards, programs)
-
-
-def test_one_wave_launches_take_the_static_schedule(monkeypatch):
-    """No more work units than programs: each program has one unit at most, nothing to
-    steal, so no claims; more units than programs: work stealing. One wave of split-K keeps
-    work stealing when the static schedule's last slice would sum more than
-    LAST_SLICE_SUM_MAX_BYTES of partials alone."""
-    schedules = []
-    original = kernel.launch
-
-    def spy(*args, **kwargs):
-        schedules.append(kwargs["schedule"])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(kernel, "launch", spy)
-    a, b = torch.randn(40, 30), torch.randn(30, 50)  # 3 x 4 tiles of SMALL
-    for programs in (None, 12, 16):  # None: the interpreter's 4 programs
-        assert_matches(ws_matmul(a, b, config=SMALL, num_programs=programs), matmul_ref(a, b),
-                       REL_TOLERANCE[torch.float32])
-    a, b = torch.randn(40, 600), torch.randn(600, 50)  # one tile of each config below
-    for split_k, block in ((3, 64), (16, 128)):  # 48 KB and 1 MB of partials
-        config = TileConfig(block, block, 32, split_k=split_k)
-        assert_matches(ws_matmul(a, b, config=config, num_programs=16), matmul_ref(a, b),
-                       REL_TOLERANCE[torch.float32])
-    assert schedules == [Schedule.WORK_STEALING, Schedule.STATIC, Schedule.STATIC,
-                         Schedule.STATIC, Schedule.WORK_STEALING]
+        queue = launch.plan_for(a, b, None, 1.0, 1.0, knobs).queue
+        buffer = counters.zeroed(queue.numel, torch.device("cpu"))  # the one the launch used
+        assert queue.problems(buffer.tolist()) == [] and (buffer == 0).all(), (config, shards, programs)
 
 
 @pytest.mark.parametrize("split_k", [2, 3, 4])
@@ -236,62 +199,6 @@ def test_cpu_bfloat16_is_right_despite_the_interpreters_bf16_dot():
     assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
 
 
-def test_num_xcds_from_arch():
-    assert devices.num_xcds_for_arch("gfx942:sramecc+:xnack-", 304) == 8  # MI300X
-    assert devices.num_xcds_for_arch("gfx942", 228) == 6  # MI300A
-    assert devices.num_xcds_for_arch("gfx950", 256) == 8  # MI350
-    assert devices.num_xcds_for_arch("gfx90a", 110) == 1  # MI250X GCD: no XCD sharding
-
-
-def test_default_shards_follow_the_xcds_on_hip(monkeypatch):
-    class MI300A:
-        gcnArchName = "gfx942:sramecc+:xnack-"
-        multi_processor_count = 228
-
-    monkeypatch.delenv(devices.SHARDS_ENV, raising=False)
-    monkeypatch.setattr(devices, "is_hip", lambda: True)
-    monkeypatch.setattr(devices, "_properties", lambda index: MI300A)
-    assert devices.default_num_shards(torch.device("cuda", 0)) == 6
-    monkeypatch.setattr(devices, "is_hip", lambda: False)
-    assert devices.default_num_shards(torch.device("cuda", 0)) == 1
-    monkeypatch.setenv(devices.SHARDS_ENV, "4")
-    assert devices.default_num_shards(torch.device("cuda", 0)) == 4
-    monkeypatch.setenv(devices.SHARDS_ENV, "0")
-    with pytest.raises(ValueError, match="TRITONBLAS_OPS_NUM_SHARDS must be a positive integer"):
-        devices.default_num_shards(torch.device("cuda", 0))
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_config_selector_splits_k_only_below_a_wave(dtype, monkeypatch):
-    """The cost model (132 SMs, as the H200): shapes with a wave of tiles or more keep whole
-    K; skinny and K-heavy ones are split, into slices no shorter than MIN_K_PER_SPLIT and no
-    more than two waves of work units."""
-    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
-    gpu = torch.device("cuda", 0)
-    for m, n, k in [(8192, 8192, 8192), (4096, 14336, 4096), (3000, 5000, 2000), (1000, 1000, 1000)]:
-        assert select_config(m, n, k, 1, dtype, gpu).split_k == 1, (m, n, k)
-    for m, n, k in [(16, 4096, 4096), (1, 4096, 14336), (256, 512, 32768), (1024, 1024, 16384)]:
-        config = select_config(m, n, k, 1, dtype, gpu)
-        assert config.split_k > 1, (m, n, k)
-        assert k // config.split_k >= configs.MIN_K_PER_SPLIT
-        tiles = num_tiles(n, m, 1, config) if config.swap_ab else num_tiles(m, n, 1, config)
-        assert tiles * config.split_k <= 2 * 132
-        assert not select_config(m, n, k, 1, dtype, gpu, allow_split_k=False).split_k > 1
-    assert select_config(16, 4096, 300, 1, dtype, gpu).split_k == 1  # K too short to split
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_config_selector_swaps_operands_only_for_a_few_rows(dtype, monkeypatch):
-    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
-    gpu = torch.device("cuda", 0)
-    for m in (1, 7, configs.SWAP_MAX_M):
-        config = select_config(m, 14336, 4096, 1, dtype, gpu)
-        assert config.swap_ab and config.block_n >= m, m
-        assert not select_config(m, 14336, 4096, 1, dtype, gpu, allow_swap_ab=False).swap_ab
-    assert not select_config(configs.SWAP_MAX_M + 1, 14336, 4096, 1, dtype, gpu).swap_ab
-    assert not select_config(8, 8, 4096, 1, dtype, gpu).swap_ab  # N no wider than M
-
-
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("a_t,b_t", list(itertools.product([False, True], repeat=2)))
 def test_swapped_operands_match_the_reference(a_t, b_t, split_k):
@@ -309,26 +216,6 @@ def test_swapped_operands_match_the_reference(a_t, b_t, split_k):
         assert_matches(out, matmul_ref(a3, b3), tol)
 
 
-@pytest.mark.parametrize("transposed", [False, True])
-def test_aligned_copy_pads_rows_or_columns_to_whole_lines(transposed):
-    """The copies made for tensor descriptors: same values, the unit stride where asked for,
-    rows (or columns) and batches starting on 128-byte line boundaries, more than the 16
-    bytes descriptors need (the padding is never read: descriptors clip at the edges)."""
-    for dtype, cols in [(torch.bfloat16, 777), (torch.float32, 13), (torch.float16, 8)]:
-        t = torch.randn(2, cols, 5, dtype=dtype).mT if transposed else torch.randn(2, 5, cols, dtype=dtype)
-        for fix, unit_dim in (("rows", 2), ("columns", 1)):
-            copy = kernel._fixed(t, fix)
-            assert torch.equal(copy, t)
-            other = 3 - unit_dim
-            assert copy.stride(unit_dim) == 1 and (copy.stride(other) * copy.element_size()) % 128 == 0
-            assert (copy.stride(0) * copy.element_size()) % 128 == 0
-            assert copy.stride(other) * copy.element_size() < t.shape[unit_dim] * t.element_size() + 128
-            assert kernel._tma_compatible(copy, traced=False)
-    assert kernel._operand_fix(torch.randn(1, 4, 6)[:, :, ::2], align=False) == "contiguous"
-    assert kernel._operand_fix(torch.randn(1, 4, 7), align=False) == ""
-    assert kernel._operand_fix(torch.randn(1, 4, 7), align=True) == "rows"
-
-
 @pytest.mark.parametrize("shape", [(5, 7), (1, 64, 64), (3, 70, 130)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_transposing_copy_kernel_is_exact(shape, dtype):
@@ -339,29 +226,84 @@ def test_transposing_copy_kernel_is_exact(shape, dtype):
     src = torch.randn(*batch, cols, rows).to(dtype).mT  # contiguous along rows
     buffer = torch.full((*batch, rows, cols + 3), 7.0, dtype=dtype)
     dst = buffer[..., :cols]
-    relayout.launch(kernel._InterpretedKernel(relayout._relayout_kernel), dst, src)
+    relayout.launch(interpreter.interpreted(relayout.relayout_kernel), dst, src)
     assert torch.equal(dst, src)
     assert (buffer[..., cols:] == 7).all(), "the copy wrote past the destination's rows"
 
 
-def test_tf32_operands_are_copied_k_major():
-    """TF32's wgmma reads K-major operands only: where copies pay, A gets K-contiguous rows
-    and B K-contiguous columns; a layout that already has them is left alone."""
-    a, b = torch.randn(1, 8, 16), torch.randn(1, 16, 8)  # row-major: A is K-major, B is not
-    assert kernel._operand_fix(a, align=True, k_dim=2) == ""
-    assert kernel._operand_fix(b, align=True, k_dim=1) == "columns"
-    assert kernel._operand_fix(b.mT.contiguous().mT, align=True, k_dim=1) == ""
-    assert kernel._operand_fix(a.mT.contiguous().mT, align=True, k_dim=2) == "rows"
-    assert kernel._operand_fix(b, align=False, k_dim=1) == ""  # too small to pay: as it is
+# ---------------------------------------------------------------------------------------
+# Counters not all zero at launch: nothing hangs, and the launch's status and tally show it
+# ---------------------------------------------------------------------------------------
 
 
-def test_launch_hooks_are_idle_only_when_none_or_an_empty_chain():
-    """Cached calls skip Triton's launcher (and the metadata it builds for hooks) only when
-    no launch hook would be called: Triton 3.6 always holds a HookChain, never None."""
-    chain = knobs.HookChain()
-    assert kernel._idle(None) and kernel._idle(chain)
-    chain.add(print)
-    assert not kernel._idle(chain)
-    assert not kernel._idle(print)  # a hook set directly, as older Tritons took it
-    assert kernel._idle(knobs.runtime.launch_enter_hook) == (
-        knobs.runtime.launch_enter_hook is None or not knobs.runtime.launch_enter_hook.calls)
+def launch_on_counters(a, b, config, set_counters, *, schedule=Schedule.WORK_STEALING,
+                       num_programs=3, max_spins=None):
+    """A checked launch of a @ b whose counters `set_counters` spoiled first; returns the
+    output and what WorkQueue.problems finds in the counters after the launch."""
+    plan = launch.plan_for(a, b, None, 1.0, 1.0, Knobs(config, 2, num_programs, schedule))
+    plan = dataclasses.replace(plan, checked=True, max_spins=max_spins or plan.max_spins)
+    counters = torch.zeros(plan.queue.numel, dtype=torch.int32)
+    set_counters(counters, plan.queue)
+    out = torch.full(plan.out_shape, float("nan"))
+    a_arg, b_arg, _, partials = launch.operands(plan, a, b, None)
+    launch.launch_kernel(plan, a_arg, b_arg, out, None, counters, partials, 1.0, 1.0)
+    return out, plan.queue.problems(counters.tolist(), tally=plan.queue.num_units)
+
+
+def test_clean_counters_show_no_problem():
+    a, b = torch.randn(50, 40), torch.randn(40, 70)
+    for config in (SMALL, dataclasses.replace(SMALL, split_k=3)):
+        out, problems = launch_on_counters(a, b, config, lambda counters, queue: None)
+        assert problems == [] and torch.isfinite(out).all()
+
+
+def test_a_claim_counter_past_any_claim_is_flagged():
+    a, b = torch.randn(50, 40), torch.randn(40, 70)
+
+    def past_the_end(counters, queue):
+        counters[0] = 10_000  # shard 0 hands out nothing, and no claim can return this
+
+    out, problems = launch_on_counters(a, b, SMALL, past_the_end)
+    assert scheduler.STATUS_NAMES[scheduler.STATUS_CLAIM_OUT_OF_RANGE] in problems
+    assert any("work units were computed" in p for p in problems)
+    assert torch.isnan(out).any()  # shard 0's tiles were never computed
+
+
+def test_a_claim_counter_left_midway_is_caught_by_the_tally():
+    """Set to 2: shard 0's first two units are skipped, its counter is reset too early and
+    later claims compute units twice; the launch's own tally and counters show it."""
+    a, b = torch.randn(50, 40), torch.randn(40, 70)
+
+    def midway(counters, queue):
+        counters[0] = 2
+
+    _, problems = launch_on_counters(a, b, SMALL, midway)
+    assert problems, "a spoiled counter went unnoticed"
+
+
+def test_a_split_k_sum_never_waits_forever():
+    """An arrival count that can never reach SPLIT_K (work stealing's sums wait for it):
+    the sum gives up after max_spins polls, writes NaN rows and flags the status."""
+    a, b = torch.randn(20, 90), torch.randn(90, 24)
+    config = dataclasses.replace(SMALL, split_k=3)
+
+    def never_arriving(counters, queue):
+        counters[queue.arrivals_offset] = -100  # tile 0
+
+    out, problems = launch_on_counters(a, b, config, never_arriving, max_spins=3)
+    assert scheduler.STATUS_NAMES[scheduler.STATUS_WAIT_TIMED_OUT] in problems
+    assert torch.isnan(out[:16, :16]).all(), "tile 0's rows should be NaN"
+    assert_matches(out[16:], matmul_ref(a, b)[16:], REL_TOLERANCE[torch.float32])
+
+
+def test_a_static_split_k_arrival_left_set_is_caught():
+    """Under the static schedule a tile's last slice sums the partials: an arrival count
+    left at SPLIT_K - 1 makes the first slice sum partials never written."""
+    a, b = torch.randn(20, 90), torch.randn(90, 24)
+    config = dataclasses.replace(SMALL, split_k=3)
+
+    def left_set(counters, queue):
+        counters[queue.arrivals_offset] = 2
+
+    _, problems = launch_on_counters(a, b, config, left_set, schedule=Schedule.STATIC, num_programs=16)
+    assert any("arrival counter of tile 0" in p for p in problems), problems

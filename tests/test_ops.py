@@ -1,8 +1,6 @@
 """torch.ops.tritonblas.*: opcheck, autograd, aten semantics, and clear errors on bad input.
 CPU tensors run the real kernel through Triton's interpreter."""
 
-import sys
-
 import pytest
 import torch
 from torch.library import opcheck
@@ -130,64 +128,6 @@ def test_bad_input_is_refused_while_tracing_too():
         torch.compile(ops.ws_mm, backend="aot_eager", fullgraph=True)(M, torch.randn(6, 3))
 
 
-@pytest.mark.parametrize("name", ["ws_mm", "ws_addmm", "ws_bmm"])
-def test_real_tensors_reach_the_body_without_custom_ops_wrappers(name, monkeypatch):
-    """The body is registered straight to the CPU and CUDA keys (beside custom_op's own
-    registration, which fake, autograd and tracing still use); an eager call runs it
-    without custom_op's backend wrapper in between."""
-    for key in ("CPU", "CUDA"):
-        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"tritonblas::{name}", key)
-    from torch._library import custom_ops
-
-    def wrapper_called(*args, **kwargs):
-        raise AssertionError("custom_op's backend wrapper ran")
-
-    op = custom_ops._maybe_get_opdef(f"tritonblas::{name}")
-    monkeypatch.setattr(op, "_backend_fns", {None: wrapper_called})
-    a, b = torch.randn(2, 5, 4), torch.randn(2, 4, 3)
-    args = {"ws_mm": (a[0], b[0]), "ws_addmm": (torch.randn(3), a[0], b[0]), "ws_bmm": (a, b)}[name]
-    expected = {"ws_mm": torch.mm, "ws_addmm": torch.addmm, "ws_bmm": torch.bmm}[name](*args)
-    assert_matches(getattr(torch.ops.tritonblas, name)(*args), expected.double(), REL_TOLERANCE[torch.float32])
-
-
-def _python_calls_of(fn) -> list[str]:
-    """Names of the Python functions that `fn()` calls, in order."""
-    calls = []
-
-    def record(frame, event, arg):
-        if event == "call":
-            calls.append(frame.f_code.co_name)
-
-    sys.setprofile(record)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
-
-
-def test_calls_without_grads_skip_custom_ops_autograd_layer():
-    """With no input requiring grad, the dispatcher's autograd kernel runs the body itself
-    (custom_op's would enter the dispatcher a second time: an OpOverload.redispatch); with
-    one, custom_op's autograd runs and the output gets its grad_fn."""
-    a, b = torch.randn(8, 4), torch.randn(4, 6)
-    calls = _python_calls_of(lambda: ops.ws_mm(a, b))
-    assert "ws_mm" in calls and "redispatch" not in calls, calls
-    with torch.no_grad():
-        calls = _python_calls_of(lambda: ops.ws_mm(a.requires_grad_(), b))
-    assert "ws_mm" in calls and "redispatch" not in calls, calls
-    out = None
-
-    def with_grad():
-        nonlocal out
-        out = ops.ws_mm(a, b)
-
-    assert "redispatch" in _python_calls_of(with_grad)
-    assert out.grad_fn is not None
-    out.sum().backward()
-    assert_matches(a.grad, torch.ones(8, 6).double() @ b.double().T, FP32)
-
-
 def test_dispatch_modes_still_see_the_ops():
     """A TorchDispatchMode (a profiler, a FLOP counter) is below autograd: the autograd
     kernel's shortcut must not run the body past it, also after a plain call."""
@@ -206,3 +146,54 @@ def test_dispatch_modes_still_see_the_ops():
         out = ops.ws_addmm(bias, a, b, beta=0.5)
     assert seen == [ops.ws_addmm.default]
     assert out.shape == (8, 6)
+
+
+# ---------------------------------------------------------------------------------------
+# Forward-mode AD: the GEMM is bilinear, d(a @ b) = da @ b + a @ db
+# ---------------------------------------------------------------------------------------
+
+
+def jvp_cases():
+    a, b, bias = torch.randn(19, 23), torch.randn(23, 29), torch.randn(29)
+    a3, b3 = torch.randn(3, 19, 23), torch.randn(3, 23, 29)
+    yield "ws_mm", torch.mm, (a, b), {}
+    yield "ws_addmm", torch.addmm, (bias, a, b), {"beta": 0.5, "alpha": 2.0}
+    yield "ws_addmm", torch.addmm, (torch.randn(19, 1), transposed(a), b), {}
+    yield "ws_bmm", torch.bmm, (a3, b3), {}
+
+
+@pytest.mark.parametrize("case", list(jvp_cases()), ids=lambda case: case[0])
+def test_forward_mode_tangents_match_aten(case):
+    """torch.func.jvp and forward_ad's dual tensors, with tangents on every input and on
+    one of them: the op's tangent is aten's, computed by the kernel."""
+    name, aten, args, kwargs = case
+    op = getattr(ops, name)
+    for tangent_on in [range(len(args)), [len(args) - 1]]:
+        tangents = tuple(torch.randn_like(t) if i in tangent_on else torch.zeros_like(t)
+                         for i, t in enumerate(args))
+        want_out, want = torch.func.jvp(lambda *xs: aten(*xs, **kwargs), args, tangents)
+        out, got = torch.func.jvp(lambda *xs: op(*xs, **kwargs), args, tangents)
+        assert_matches(out, want_out.double(), FP32)
+        assert_matches(got, want.double(), FP32)
+    import torch.autograd.forward_ad as fwad
+
+    with fwad.dual_level():
+        duals = [fwad.make_dual(t, torch.randn_like(t)) for t in args]
+        got = fwad.unpack_dual(op(*duals, **kwargs)).tangent
+        want = fwad.unpack_dual(aten(*duals, **kwargs)).tangent
+    assert got is not None, "forward_ad got no tangent"
+    assert_matches(got, want.double(), FP32)
+
+
+def test_torch_func_transforms():
+    """Jacobians both ways, grad and vmap over the ops, as over aten's."""
+    a, b, bias = torch.randn(5, 4), torch.randn(4, 3), torch.randn(3)
+    for transform in (torch.func.jacfwd, torch.func.jacrev):
+        got = transform(lambda x, y: ops.ws_addmm(bias, x, y, alpha=0.5), argnums=(0, 1))(a, b)
+        want = transform(lambda x, y: torch.addmm(bias, x, y, alpha=0.5), argnums=(0, 1))(a, b)
+        for g, w in zip(got, want):
+            assert_matches(g, w.double(), FP32)
+    got = torch.func.grad(lambda x: ops.ws_mm(x, b).square().sum())(a)
+    assert_matches(got, torch.func.grad(lambda x: torch.mm(x, b).square().sum())(a).double(), FP32)
+    a3 = torch.randn(2, 5, 4)
+    assert_matches(torch.func.vmap(ops.ws_mm, in_dims=(0, None))(a3, b), (a3 @ b).double(), FP32)

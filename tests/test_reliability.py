@@ -10,6 +10,7 @@ What test_kernel.py, test_ops.py and test_gpu.py already cover is not repeated h
 
 import contextlib
 import copy
+import dataclasses
 import gc
 import os
 import re
@@ -27,9 +28,11 @@ from hypothesis import strategies as st
 
 import tritonblas_ops  # noqa: F401  (registers the ops; routing is on from here)
 from tritonblas_ops import device as devices
-from tritonblas_ops import kernel
+from tritonblas_ops import interpreter, launch
 from tritonblas_ops.config import TileConfig
-from tritonblas_ops.kernel import Schedule, counter_elements, launch, tf32_enabled, ws_matmul
+from tritonblas_ops.kernel import ws_matmul_kernel
+from tritonblas_ops.plan import Knobs, Schedule, tf32_enabled
+from tritonblas_ops.launch import ws_matmul
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref, rel_error
 
 ops = torch.ops.tritonblas
@@ -142,7 +145,7 @@ def thread_cases(device, dtypes, scale: int):
 
 @pytest.mark.usefixtures("poison_empty")
 def test_cpu_threads_get_right_results_one_launch_at_a_time(monkeypatch):
-    kernel._interpreted_kernel()  # built before the threads start: the cold start is below
+    interpreter.interpreted(ws_matmul_kernel)  # built before the threads start: the cold start is below
     overlap = track_interpreter_overlap(monkeypatch, hold_s=0.005)
     cases = thread_cases("cpu", [torch.float32, torch.float16, torch.float32, torch.bfloat16], scale=1)
 
@@ -164,24 +167,23 @@ def test_cpu_threads_first_calls_at_once(monkeypatch):
 
     The threads are made to meet inside the interpreted kernel's construction (where a lazy
     one-per-process object is built), so the race is reproduced every time, not by luck."""
-    if hasattr(kernel._interpreted_kernel, "cache_clear"):
-        kernel._interpreted_kernel.cache_clear()
+    interpreter.interpreted.cache_clear()
+    launch.clear_plans()
     meet = threading.Barrier(4)
 
-    class MeetingInterpretedKernel(kernel._InterpretedKernel):
+    class MeetingInterpretedKernel(interpreter.InterpretedKernel):
         def __init__(self, jit_function):
             with contextlib.suppress(threading.BrokenBarrierError):
                 meet.wait(timeout=1.0)  # a build under a process-wide lock just times out here
             super().__init__(jit_function)
 
-    monkeypatch.setattr(kernel, "_InterpretedKernel", MeetingInterpretedKernel)
+    monkeypatch.setattr(interpreter, "InterpretedKernel", MeetingInterpretedKernel)
     overlap = track_interpreter_overlap(monkeypatch, hold_s=0.02)
     cases = thread_cases("cpu", [torch.float32] * 4, scale=1)
     try:
         results = run_in_threads(lambda i: getattr(ops, cases[i][0])(*cases[i][1], **cases[i][2]), 4)
     finally:
-        if hasattr(kernel._interpreted_kernel, "cache_clear"):
-            kernel._interpreted_kernel.cache_clear()  # later tests build their own, once
+        interpreter.interpreted.cache_clear()  # later tests build their own, once
     for (_, _, _, ref, tol), out in zip(cases, results):
         assert_matches(out, ref, tol)
     assert overlap["max"] == 1, f"{overlap['max']} interpreted launches ran at once"
@@ -326,82 +328,22 @@ def test_reduce_overhead_compile_of_a_linear_model():
 # =======================================================================================
 
 
-class _RecordingKernel:
-    """Stands in for the Triton kernel: records each launch's keyword arguments."""
-
-    def __init__(self):
-        self.launches = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append(kwargs)
-
-
-def _meta(shape, stride):
-    """A tensor with any strides and no storage: offsets far past 2**31 cost nothing."""
-    return torch.empty_strided(shape, stride, dtype=torch.float16, device="meta")
-
-
-def _contiguous(shape):
-    return _meta(shape, torch.empty(shape, device="meta").stride())
-
-
-M3, K4, N5 = 3, 4, 5
-INT64_CASES = {
-    # name: (overrides of the (1, 3, 4) @ (1, 4, 5) -> (1, 3, 5) operands and bias, INT64?)
-    "small contiguous": ({}, False),
-    "a rows 2**30 apart": ({"a": _meta((1, M3, K4), (M3 * 2**30, 2**30, 1))}, True),
-    "b columns 2**29 apart": ({"b": _meta((1, K4, N5), (N5 * 2**29, 1, 2**29))}, True),
-    "output rows 2**30 apart": ({"c": _meta((1, M3, N5), (M3 * 2**30, 2**30, 1))}, True),
-    "bias rows 2**30 apart": ({"bias": _meta((M3, N5), (2**30, 1))}, True),
-    "batch stride 2**30": ({"a": _meta((3, M3, K4), (2**30, K4, 1)), "b": _contiguous((3, K4, N5)),
-                            "c": _contiguous((3, M3, N5))}, True),
-    "largest offset 2**31 exactly": ({"a": _meta((1, 2, 1), (2**31, 2**31, 1)),
-                                      "b": _contiguous((1, 1, N5)), "c": _contiguous((1, 2, N5)),
-                                      "bias": None}, True),
-    "largest offset well inside int32": ({"a": _meta((1, M3, K4), (M3 * 2**29, 2**30 - 2**20, 1))}, False),
-    # Size-1 dimensions are never stepped along, whatever their stride.
-    "huge strides on size-1 dims": ({"a": _meta((1, 1, K4), (2**40, 2**40, 1)), "c": _contiguous((1, 1, N5)),
-                                     "bias": _meta((1, N5), (2**40, 1))}, False),
-}
-
-
-@pytest.mark.parametrize("name", list(INT64_CASES))
-def test_host_picks_int64_indexing_exactly_when_an_offset_reaches_2_31(name, monkeypatch):
-    overrides, int64 = INT64_CASES[name]
-    operands = {"a": _contiguous((1, M3, K4)), "b": _contiguous((1, K4, N5)),
-                "c": _contiguous((1, M3, N5)), "bias": _contiguous((N5,))}
-    operands.update(overrides)
-    recorder = _RecordingKernel()
-    monkeypatch.setattr(kernel, "ws_matmul_kernel", recorder)
-    counters = torch.zeros(counter_elements(1, 0, 1), dtype=torch.int32, device="meta")
-    launch(operands["a"], operands["b"], operands["c"], operands["bias"], 1.0, 1.0, counters,
-           config=SMALL, num_shards=1, num_programs=2, use_tma=False)
-    assert [kw["INT64_INDEX"] for kw in recorder.launches] == [int64]
-
-
 @pytest.mark.usefixtures("poison_empty")
 @pytest.mark.parametrize("use_tma", [False, True])
-def test_int64_indexing_path_computes_right(use_tma, monkeypatch):
+def test_int64_indexing_path_computes_right(use_tma):
     """The INT64_INDEX variant of the kernel itself (normally reached only past 4 GiB
     operands), forced on small problems: pointer and descriptor loads, bias, batches."""
-    from triton.runtime.interpreter import GridExecutor
+    def run(a, b, bias=None, alpha=1.0, beta=1.0, **knobs):
+        plan = launch.plan_for(a, b, bias, alpha, beta, Knobs(SMALL, use_tma=use_tma, **knobs))
+        plan = dataclasses.replace(plan, int64_index=True)
+        return launch.execute(plan, a, b, bias, alpha, beta)[0]
 
-    seen = []
-    original = GridExecutor.__call__
-
-    def spy(self, *args, **kwargs):
-        seen.append(kwargs["INT64_INDEX"])
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(GridExecutor, "__call__", spy)
-    monkeypatch.setattr(kernel, "_max_offset", lambda t: 2**31)
     a, b, bias = randn(40, 24), randn(24, 56).mT.contiguous().mT, randn(56)
-    out = ws_matmul(a, b, bias, alpha=0.5, beta=2.0, config=SMALL, num_programs=3, use_tma=use_tma)
+    out = run(a, b, bias, 0.5, 2.0, num_programs=3)
     assert_matches(out, matmul_ref(a, b, bias, alpha=0.5, beta=2.0), FP32)
     a3, b3 = randn(3, 40, 24), randn(3, 24, 56)
-    out = ws_matmul(a3, b3, config=SMALL, num_shards=2, num_programs=5, use_tma=use_tma)
+    out = run(a3, b3, num_shards=2, num_programs=5)
     assert_matches(out, matmul_ref(a3, b3), FP32)
-    assert seen == [True, True]
 
 
 @pytest.mark.gpu

@@ -1,16 +1,25 @@
 """tritonblas_ops: a work-stealing persistent Triton GEMM as torch.ops.tritonblas.*"""
 
 from tritonblas_ops import distributed as _distributed
+from tritonblas_ops import lowering as _lowering
 from tritonblas_ops import ops  # noqa: F401  (registers torch.ops.tritonblas.*)
-from tritonblas_ops import routing as _routing
 from tritonblas_ops.config import TileConfig
-from tritonblas_ops.kernel import Schedule, ws_matmul
-from tritonblas_ops.routing import disable, enable, get_policy, is_enabled, routing, set_policy
+from tritonblas_ops.launch import is_checked, set_checked, ws_matmul
+from tritonblas_ops.plan import Schedule
+from tritonblas_ops.settings import (
+    disable,
+    enable,
+    get_policy,
+    is_enabled,
+    route_cpu,
+    routing,
+    set_policy,
+)
 
-_routing.install()  # torch.compile routes eligible GEMMs from here on (routing.py)
+_lowering.install()  # torch.compile routes eligible GEMMs from here on (lowering.py)
 _distributed.register()  # DTensor sharding rules for the ops (distributed.py)
 
 __all__ = [
-    "Schedule", "TileConfig", "disable", "enable", "get_policy", "is_enabled", "routing",
-    "set_policy", "ws_matmul",
+    "Schedule", "TileConfig", "disable", "enable", "get_policy", "is_checked", "is_enabled",
+    "route_cpu", "routing", "set_checked", "set_policy", "ws_matmul",
 ]

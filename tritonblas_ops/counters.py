@@ -1,12 +1,8 @@
 """Counter buffers that outlive launches, so that no launch pays for zeroing its own.
 
-A work-stealing launch leaves its counters at zero: every program finds every shard dry
-exactly once, so the last claim on a shard returns the shard's size plus the grid size
-minus one, and the program that gets it resets the counter; a split-K tile's last slice
-resets its arrival counter. A buffer is therefore zeroed once and reused by every launch
-that cannot run at the same time as another launch using it. That saves a fill kernel per
-launch: ~7 us of host time on an eager call, a 0.8 us memset node in a CUDA graph (the
-H200, NOTES.md steps 12 and 13).
+Every launch leaves its counters at zero (scheduler.py), so a buffer is zeroed once and
+handed to every launch that cannot run at the same time as another launch using it. That
+saves a fill kernel per launch (benchmarks/NOTES.md steps 12 and 13).
 
 - Eager CUDA launches: one buffer per (device, stream); a stream runs its launches one
   after the other.
@@ -15,9 +11,13 @@ H200, NOTES.md steps 12 and 13).
   any stream, beside other graphs, while replays of one graph never overlap (CUDA orders
   each launch of a graph after the last one). With no slab yet (no eager call came first)
   or the slab spent, the launch gets zeros of its own: a memset node in the graph.
-- CPU tensors (the interpreter): one buffer; interpreted launches run one at a time.
-A launch that raises discards its buffer (discard).
+- CPU tensors (the interpreter): one buffer; interpreted launches run one at a time, and
+  launch.py re-zeroes it under the interpreter's lock when a launch raised midway.
+A launch that raised on a GPU never ran, so its buffer is still zero and stays in use.
 Anything traced (fake or functional tensors) allocates zeros, which enter the graph.
+
+Safe under concurrent callers: a buffer is made or grown under the lock, and a buffer
+that is replaced stays alive (launches queued before may still use it).
 """
 
 import concurrent.futures
@@ -25,6 +25,7 @@ import threading
 
 import torch
 
+from tritonblas_ops import fastpath
 from tritonblas_ops.device import COUNTER_STRIDE
 
 # int32 elements per device for captured launches: 4 MiB, ~500 captured launches of 8 shards.
@@ -34,7 +35,7 @@ _lock = threading.Lock()
 _eager: dict[tuple, torch.Tensor] = {}  # (device, stream) -> zeroed buffer
 _slabs: dict[int, torch.Tensor] = {}  # device index -> zeroed slab for captured launches
 _slab_used: dict[int, int] = {}  # device index -> elements handed out
-_outgrown: list[torch.Tensor] = []  # retired GPU buffers, kept alive (_retire)
+_replaced: list[torch.Tensor] = []  # GPU buffers outgrown, kept alive (see zeroed)
 
 
 def zeroed(numel: int, device: torch.device) -> torch.Tensor:
@@ -43,15 +44,21 @@ def zeroed(numel: int, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
             return _captured(numel, device)
-        key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
+        key = (device.index, fastpath.current_stream(device.index))
     else:
         key = (device.type, device.index)
     buffer = _eager.get(key)
-    if buffer is None or buffer.numel() < numel:
-        with _lock:
+    if buffer is not None and buffer.numel() >= numel:
+        return buffer
+    with _lock:
+        buffer = _eager.get(key)  # another thread may have made or grown it meanwhile
+        if buffer is None or buffer.numel() < numel:
             grown = max(numel, 2 * buffer.numel() if buffer is not None else 0)  # by doubling
-            if buffer is not None:
-                _retire(buffer)
+            if buffer is not None and buffer.is_cuda:
+                # Launches queued before may still use it, and its block belongs to the
+                # allocating thread's stream, not theirs: the allocator could hand it out
+                # under them.
+                _replaced.append(buffer)
             buffer = _eager[key] = _lasting_zeros(grown, device)
             if device.type == "cuda" and device.index not in _slabs:
                 _slabs[device.index] = _lasting_zeros(GRAPH_SLAB_ELEMENTS, device)
@@ -77,26 +84,6 @@ def _lasting_zeros(numel: int, device: torch.device) -> torch.Tensor:
         return thread.submit(allocate).result()
 
 
-def discard(buffer: torch.Tensor) -> None:
-    """Forget a buffer whose launch failed: a launch interrupted after its first claim (the
-    interpreter raising inside the kernel) leaves its counters set; the next launch gets
-    fresh zeros. On a GPU a launch that raises never ran, and a kernel that faults ends
-    the process's CUDA context, so there this only costs one allocation."""
-    with _lock:
-        for key, kept in list(_eager.items()):
-            if kept is buffer:
-                del _eager[key]
-                _retire(kept)
-
-
-def _retire(buffer: torch.Tensor) -> None:
-    """Drop a buffer no launch will be given again. A GPU one is kept alive: launches
-    queued before may still use it, and its block belongs to the allocating thread's
-    stream, not theirs, so the allocator could hand it out under them."""
-    if buffer.is_cuda:
-        _outgrown.append(buffer)
-
-
 def _captured(numel: int, device: torch.device) -> torch.Tensor:
     with _lock:
         slab, used = _slabs.get(device.index), _slab_used.get(device.index, 0)
@@ -105,3 +92,17 @@ def _captured(numel: int, device: torch.device) -> torch.Tensor:
         # Whole COUNTER_STRIDE lines: no two launches' counters share a cache line.
         _slab_used[device.index] = used + -(-numel // COUNTER_STRIDE) * COUNTER_STRIDE
         return slab[used:used + numel]
+
+
+def slab_left(device: torch.device) -> int:
+    """int32 elements of `device`'s graph slab not handed out yet (0 with no slab)."""
+    with _lock:
+        slab = _slabs.get(device.index)
+        return 0 if slab is None else slab.numel() - _slab_used[device.index]
+
+
+def spend_slab(device: torch.device) -> None:
+    """Hand out the rest of `device`'s graph slab to nobody (tests of the spent slab)."""
+    with _lock:
+        if device.index in _slabs:
+            _slab_used[device.index] = _slabs[device.index].numel()

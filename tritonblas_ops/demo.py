@@ -5,7 +5,6 @@ On a GPU: 4096^3 in bf16, timed against torch.mm (cuBLAS). Without one: small fp
 the same kernel run by Triton's interpreter (CPU GEMMs routed with route_cpu(True)).
 """
 
-import importlib
 import re
 
 import torch
@@ -18,6 +17,9 @@ ROUTED = re.compile(r"torch\.ops\.tritonblas\.ws_\w+|ws_matmul_kernel_\d+\.run")
 
 
 def direct_call(device: str, dtype: torch.dtype, size: int) -> None:
+    print(f"Calling torch.ops.tritonblas.ws_mm on {device} "
+          f"({'compiling the kernel' if device == 'cuda' else 'interpreting it'}; a few seconds)...",
+          flush=True)
     a = torch.randn(size, size + 8, device=device, dtype=dtype)
     b = torch.randn(size + 8, size - 8, device=device, dtype=dtype)
     out = torch.ops.tritonblas.ws_mm(a, b)
@@ -47,6 +49,8 @@ def compiled_model(device: str, dtype: torch.dtype, width: int) -> None:
         out.sum().backward()
         return out
 
+    print("Compiling an MLP with torch.compile and running a training step (the first "
+          "compile takes about 20 s)...", flush=True)
     # One capture for both graphs: on a warm cache the backward loads with the forward.
     out, (forward_code, backward_code) = run_and_get_code(train_step)
     eager = model(x)
@@ -60,7 +64,7 @@ def main() -> None:
         device, dtype, size, width = "cuda", torch.bfloat16, 4096, 1024
     else:
         device, dtype, size, width = "cpu", torch.float32, 72, 32
-        importlib.import_module("tritonblas_ops.routing").route_cpu(True)
+        tritonblas_ops.route_cpu(True)  # compiled CPU GEMMs reach the kernel too
         print("No GPU: the kernel runs through Triton's interpreter on small sizes.")
     print(f"routing enabled: {tritonblas_ops.is_enabled()}, policy: {tritonblas_ops.get_policy()}")
     direct_call(device, dtype, size)

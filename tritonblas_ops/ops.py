@@ -9,12 +9,17 @@ equal schemas.SCHEMAS, and when the C++ stubs were loaded first the ops below ad
 C++ definitions instead of defining the ops again (schemas.py).
 """
 
+import dataclasses
+
 import torch
 from torch import Tensor
+from torch._functorch.utils import enable_single_level_autograd_function
 from torch._subclasses.fake_tensor import is_fake
+from torch.autograd import forward_ad
 from torch.library import triton_op
 
-from tritonblas_ops.kernel import ws_matmul
+from tritonblas_ops import fastpath
+from tritonblas_ops.launch import ws_matmul
 from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -112,143 +117,10 @@ def _check_bias(bias: Tensor, a: Tensor, b: Tensor) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The ops
-# ---------------------------------------------------------------------------------------
-
-
-# Real CPU and CUDA tensors reach the op's body straight from the dispatcher: custom_op's
-# own backend registration (CompositeExplicitAutograd) wraps it in an aliasing check, a
-# dynamo guard and triton_op's wrapper, ~6 of an op call's ~15 us of host time on a CPU
-# (benchmarks/NOTES.md, step 8). Outputs are always fresh tensors, so no check is lost.
-# Everything else stays triton_op's: fake kernels, autograd, torch.compile's decomposition.
-_DIRECT_KERNELS = torch.library.Library(NAMESPACE, "IMPL")
-
-
-# ---------------------------------------------------------------------------------------
-# A call that needs no gradient skips custom_op's autograd layer, a Python kernel that
-# enters the dispatcher again to reach the body: ~8 of an op call's ~15 us of host time on
-# a CPU of the CI's kind. Kernels on the AutogradCPU and AutogradCUDA keys take precedence
-# over custom_op's on the Autograd alias key; they call the body directly when no input
-# requires grad and the keys below autograd would lead straight to it (no dispatch mode,
-# subclass, functionalization or other wrapper), and hand every other call to custom_op's
-# own autograd kernel.
-# ---------------------------------------------------------------------------------------
-
-_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
-_BODY_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
-# keyset.raw_repr() -> whether the keys below autograd lead straight to the body. Computing
-# it takes three pybind calls (~3 us on the H200's host); a call's keyset is one of a few.
-_straight_to_body: dict[int, bool] = {}
-
-
-def _leads_straight_to_body(keyset) -> bool:
-    raw = keyset.raw_repr()
-    straight = _straight_to_body.get(raw)
-    if straight is None:
-        straight = _straight_to_body[raw] = (
-            (keyset & _AFTER_AUTOGRAD).highestPriorityTypeId() in _BODY_KEYS)
-    return straight
-
-
-def _needs_grad(args) -> bool:
-    if torch.is_grad_enabled():
-        for t in args:
-            if isinstance(t, Tensor) and t.requires_grad:
-                return True
-    return False
-
-
-def _skip_autograd_without_grads(op, body) -> None:
-    """custom_op's autograd kernel reads the op's backward and setup_context when called,
-    so this may run before register_autograd."""
-    custom_autograd = torch._library.autograd.make_autograd_impl(op._opoverload, op)
-
-    def autograd_kernel(keyset, *args, **keyword_only_args):
-        if _leads_straight_to_body(keyset) and not _needs_grad(args):
-            return body(*args, **keyword_only_args)
-        return custom_autograd(keyset, *args, **keyword_only_args)
-
-    for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
-        _DIRECT_KERNELS.impl(op._name, autograd_kernel, dispatch_key, with_keyset=True)
-
-
-def _triton_op(name: str):
-    """`triton_op(f"tritonblas::{name}", mutates_args=())`, adopting the op if the C++ stubs
-    already defined it; the schema torch infers from the annotations must be SCHEMAS[name].
-    The body is also the op's CPU and CUDA kernel (see _DIRECT_KERNELS), and its autograd
-    kernel's for calls that need no gradient (_skip_autograd_without_grads)."""
-
-    def define(fn):
-        with adopt_cpp_definitions():
-            op = triton_op(f"{NAMESPACE}::{name}", mutates_args=())(fn)
-        for dispatch_key in ("CPU", "CUDA"):
-            _DIRECT_KERNELS.impl(name, fn, dispatch_key)
-        _skip_autograd_without_grads(op, fn)
-        if defined_schema(name) != SCHEMAS[name]:
-            raise RuntimeError(
-                f"{NAMESPACE}::{name}: the annotations of ops.{fn.__name__} give the schema "
-                f"'{defined_schema(name)}', schemas.SCHEMAS says '{SCHEMAS[name]}': change both "
-                f"(and csrc_stubs/tritonblas_stubs.cpp) together"
-            )
-        return op
-
-    return define
-
-
-@_triton_op("ws_mm")
-def ws_mm(a: Tensor, b: Tensor) -> Tensor:
-    """(M, K) @ (K, N) with the work-stealing kernel."""
-    _check_operands("ws_mm", a, b, rank=2)
-    if a.device.type == "cpu" and is_fake(a):
-        return torch.mm(a, b)
-    return ws_matmul(a, b)
-
-
-@_triton_op("ws_addmm")
-def ws_addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: float = 1.0) -> Tensor:
-    """beta * bias + alpha * (a @ b), as torch.addmm; bias is added in the kernel's epilogue."""
-    _check_operands("ws_addmm", a, b, rank=2)
-    _check_bias(bias, a, b)
-    if a.device.type == "cpu" and is_fake(a):
-        return torch.addmm(bias, a, b, beta=beta, alpha=alpha)
-    return ws_matmul(a, b, bias, alpha=alpha, beta=beta)
-
-
-@_triton_op("ws_bmm")
-def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
-    """(B, M, K) @ (B, K, N): every batch's tiles join one work-stealing queue."""
-    _check_operands("ws_bmm", a, b, rank=3)
-    if a.device.type == "cpu" and is_fake(a):
-        return torch.bmm(a, b)
-    return ws_matmul(a, b)
-
-
-# ---------------------------------------------------------------------------------------
-# Fake kernels: shapes only, same checks (the default would run the body)
-# ---------------------------------------------------------------------------------------
-
-
-@ws_mm.register_fake
-def _ws_mm_fake(a, b):
-    _check_operands("ws_mm", a, b, rank=2)
-    return a.new_empty((a.shape[0], b.shape[1]))
-
-
-@ws_addmm.register_fake
-def _ws_addmm_fake(bias, a, b, *, beta=1.0, alpha=1.0):
-    _check_operands("ws_addmm", a, b, rank=2)
-    _check_bias(bias, a, b)
-    return a.new_empty((a.shape[0], b.shape[1]))
-
-
-@ws_bmm.register_fake
-def _ws_bmm_fake(a, b):
-    _check_operands("ws_bmm", a, b, rank=3)
-    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
-
-
-# ---------------------------------------------------------------------------------------
-# Autograd: the gradients are GEMMs too, and go through the same kernel
+# Autograd: the gradients are GEMMs too, and go through the same kernel. Reverse mode is
+# custom_op's (register_autograd); forward mode (torch.func.jvp, forward_ad's dual
+# tensors) and torch.func's transforms, which custom_op's kernel lacks, are added by our
+# own autograd kernel below.
 # ---------------------------------------------------------------------------------------
 
 
@@ -293,7 +165,185 @@ def _ws_addmm_backward(ctx, grad):
     return grad_bias, grad_a, grad_b
 
 
-ws_mm.register_autograd(_ws_mm_backward, setup_context=_save_operands)
-ws_bmm.register_autograd(_ws_bmm_backward, setup_context=_save_operands)
-ws_addmm.register_autograd(_ws_addmm_backward, setup_context=_ws_addmm_setup)
+def _product_tangent(a, b, tangent_a, tangent_b, matmul):
+    """d(a @ b) = da @ b + a @ db: the GEMM is bilinear."""
+    parts = [matmul(tangent_a, b) if tangent_a is not None else None,
+             matmul(a, tangent_b) if tangent_b is not None else None]
+    parts = [p for p in parts if p is not None]
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
+
+def _ws_mm_tangent(primals, tangents, keyword_only_args):
+    return _product_tangent(*primals, *tangents, torch.ops.tritonblas.ws_mm)
+
+
+def _ws_bmm_tangent(primals, tangents, keyword_only_args):
+    return _product_tangent(*primals, *tangents, torch.ops.tritonblas.ws_bmm)
+
+
+def _ws_addmm_tangent(primals, tangents, keyword_only_args):
+    bias, a, b = primals
+    tangent_bias, tangent_a, tangent_b = tangents
+    beta, alpha = keyword_only_args["beta"], keyword_only_args["alpha"]
+    out = None
+    if tangent_a is not None or tangent_b is not None:
+        out = alpha * _product_tangent(a, b, tangent_a, tangent_b, torch.ops.tritonblas.ws_mm)
+    if tangent_bias is not None:
+        bias_part = (beta * tangent_bias).expand(a.shape[0], b.shape[1])
+        out = bias_part if out is None else out + bias_part
+    return out
+
+
+@dataclasses.dataclass
+class _Call:
+    keyset: torch._C.DispatchKeySet
+    keyword_only_args: dict
+
+
+def _with_forward_ad(op, setup_context, backward, tangent):
+    """An autograd.Function computing the op with both derivatives: reverse mode by the
+    op's registered formula, forward mode by `tangent`. Its last input is the call (_Call)."""
+    overload = op._opoverload
+    below_autograd = torch._C._after_autograd_keyset
+    keyword_only = torch._library.utils.has_kwarg_only_args(overload._schema)
+
+    def forward(*args):
+        call = args[-1]
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload.redispatch(call.keyset & below_autograd, *args[:-1], **call.keyword_only_args)
+
+    def setup(ctx, inputs, output):
+        # The dispatcher drops arguments equal to their defaults: put them back.
+        args, keyword_only_args = torch._library.utils.fill_defaults(
+            overload._schema, inputs[:-1], inputs[-1].keyword_only_args)
+        ctx.save_for_forward(*args)
+        if keyword_only:
+            setup_context(ctx=ctx, inputs=args, keyword_only_inputs=keyword_only_args, output=output)
+        else:
+            setup_context(ctx=ctx, inputs=args, output=output)
+        ctx.keyword_only_args = keyword_only_args
+
+    def backward_(ctx, grad):
+        needs_input_grad = ctx.needs_input_grad
+        ctx.needs_input_grad = needs_input_grad[:-1]
+        try:
+            return (*backward(ctx, grad), None)
+        finally:
+            ctx.needs_input_grad = needs_input_grad
+
+    def jvp(ctx, *tangents):
+        return tangent(ctx.saved_tensors, tangents[:-1], ctx.keyword_only_args)
+
+    return type(f"ForwardAD_{op._name}", (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "setup_context": staticmethod(setup),
+        "backward": staticmethod(backward_), "jvp": staticmethod(jvp)})
+
+
+def _has_tangent(args) -> bool:
+    return any(isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in args)
+
+
+_LIBRARY = torch.library.Library(NAMESPACE, "IMPL")
+
+
+def _register_autograd(op, body, setup_context, backward, tangent) -> None:
+    """register_autograd, plus an autograd kernel (AutogradCPU / AutogradCUDA) that handles
+    forward mode and otherwise calls custom_op's own autograd kernel (fastpath.py may wrap
+    it to skip autograd for calls that need no gradient)."""
+    op.register_autograd(backward, setup_context=setup_context)
+    reverse = torch._library.autograd.make_autograd_impl(op._opoverload, op)
+    dual = _with_forward_ad(op, setup_context, backward, tangent)
+
+    def autograd_kernel(keyset, *args, **keyword_only_args):
+        if ((forward_ad._current_level >= 0 and _has_tangent(args))
+                or torch._C._are_functorch_transforms_active()):
+            # Forward mode, or torch.func's transforms (grad, jacrev, vmap), which custom_op's
+            # kernel does not support. Applied as a single-level Function from inside the
+            # dispatcher: torch.func's own wrapper expects to be called above its transforms.
+            with enable_single_level_autograd_function():
+                return super(torch.autograd.Function, dual).apply(*args, _Call(keyset, keyword_only_args))
+        return reverse(keyset, *args, **keyword_only_args)
+
+    kernel = fastpath.skip_autograd_without_grads(autograd_kernel, body)
+    for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
+        _LIBRARY.impl(op._name, kernel, dispatch_key, with_keyset=True)
+    fastpath.register_body(_LIBRARY, op._name, body)
+
+
+# ---------------------------------------------------------------------------------------
+# The ops
+# ---------------------------------------------------------------------------------------
+
+def _triton_op(name: str, *, setup_context, backward, tangent):
+    """`triton_op(f"tritonblas::{name}", mutates_args=())`, adopting the op if the C++ stubs
+    already defined it (the schema torch infers from the annotations must be
+    SCHEMAS[name]), with its derivatives in both modes (_register_autograd)."""
+
+    def define(fn):
+        with adopt_cpp_definitions():
+            op = triton_op(f"{NAMESPACE}::{name}", mutates_args=())(fn)
+        if defined_schema(name) != SCHEMAS[name]:
+            raise RuntimeError(
+                f"{NAMESPACE}::{name}: the annotations of ops.{fn.__name__} give the schema "
+                f"'{defined_schema(name)}', schemas.SCHEMAS says '{SCHEMAS[name]}': change both "
+                f"(and csrc_stubs/tritonblas_stubs.cpp) together"
+            )
+        _register_autograd(op, fn, setup_context, backward, tangent)
+        return op
+
+    return define
+
+
+@_triton_op("ws_mm", setup_context=_save_operands, backward=_ws_mm_backward,
+            tangent=_ws_mm_tangent)
+def ws_mm(a: Tensor, b: Tensor) -> Tensor:
+    """(M, K) @ (K, N) with the work-stealing kernel."""
+    _check_operands("ws_mm", a, b, rank=2)
+    if a.device.type == "cpu" and is_fake(a):
+        return torch.mm(a, b)
+    return ws_matmul(a, b)
+
+
+@_triton_op("ws_addmm", setup_context=_ws_addmm_setup, backward=_ws_addmm_backward,
+            tangent=_ws_addmm_tangent)
+def ws_addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: float = 1.0) -> Tensor:
+    """beta * bias + alpha * (a @ b), as torch.addmm; bias is added in the kernel's epilogue."""
+    _check_operands("ws_addmm", a, b, rank=2)
+    _check_bias(bias, a, b)
+    if a.device.type == "cpu" and is_fake(a):
+        return torch.addmm(bias, a, b, beta=beta, alpha=alpha)
+    return ws_matmul(a, b, bias, alpha=alpha, beta=beta)
+
+
+@_triton_op("ws_bmm", setup_context=_save_operands, backward=_ws_bmm_backward,
+            tangent=_ws_bmm_tangent)
+def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
+    """(B, M, K) @ (B, K, N): every batch's tiles join one work-stealing queue."""
+    _check_operands("ws_bmm", a, b, rank=3)
+    if a.device.type == "cpu" and is_fake(a):
+        return torch.bmm(a, b)
+    return ws_matmul(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# Fake kernels: shapes only, same checks (the default would run the body)
+# ---------------------------------------------------------------------------------------
+
+
+@ws_mm.register_fake
+def _ws_mm_fake(a, b):
+    _check_operands("ws_mm", a, b, rank=2)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@ws_addmm.register_fake
+def _ws_addmm_fake(bias, a, b, *, beta=1.0, alpha=1.0):
+    _check_operands("ws_addmm", a, b, rank=2)
+    _check_bias(bias, a, b)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@ws_bmm.register_fake
+def _ws_bmm_fake(a, b):
+    _check_operands("ws_bmm", a, b, rank=3)
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]))

@@ -1,10 +1,10 @@
 """Copies of an operand into another layout: the transposing copies TF32 needs.
 
 Hopper's wgmma reads TF32 operands from shared memory only K-major, so a row-major B is
-copied K-major first (kernel._operand_fix). torch's copy_ of a transposed view reads or
-writes with a stride on one side and ran at ~0.55 TB/s on the H200 (NOTES.md step 11);
-this kernel moves square tiles, each read and written along its contiguous dimension
-(Triton stages the tile through shared memory between the two).
+copied K-major first (plan.OperandCopy.COLUMNS). torch's copy_ of a transposed view reads
+or writes with a stride on one side and is slow for it (benchmarks/NOTES.md step 11); this
+kernel moves square tiles, each read and written along its contiguous dimension (Triton
+stages the tile through shared memory between the two).
 """
 
 import torch
@@ -15,7 +15,7 @@ BLOCK = 64  # a 64x64 fp32 tile: 16 KB through shared memory
 
 
 @triton.jit
-def _relayout_kernel(src, dst, rows, cols,
+def relayout_kernel(src, dst, rows, cols,
                      src_stride_batch, src_stride_row, src_stride_col,
                      dst_stride_batch, dst_stride_row, dst_stride_col,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -41,14 +41,14 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     transposing = dst.stride(-1) == 1 and src.stride(-2) == 1 and src.stride(-1) != 1
     if dst.is_cuda and transposing:
         with torch.cuda._DeviceGuard(dst.device.index):  # Triton launches on the current device
-            launch(_relayout_kernel, dst, src)
+            launch(relayout_kernel, dst, src)
     else:
         dst.copy_(src)
     return dst
 
 
 def launch(kernel, dst: torch.Tensor, src: torch.Tensor) -> None:
-    """`kernel` is _relayout_kernel, or an interpreted copy of it for CPU tensors (tests)."""
+    """`kernel` is relayout_kernel, or an interpreted copy of it for CPU tensors (tests)."""
     if dst.shape != src.shape or dst.dtype != src.dtype or dst.dim() not in (2, 3):
         raise ValueError(f"relayout needs (R, C) or (B, R, C) views of one shape and dtype, got "
                          f"{tuple(dst.shape)} {dst.dtype} and {tuple(src.shape)} {src.dtype}")

@@ -2,9 +2,9 @@
 
 import torch
 
-from tritonblas_ops.config import TileConfig, num_tiles
-from tritonblas_ops.device import COUNTER_STRIDE
-from tritonblas_ops.kernel import counter_elements, launch
+from tritonblas_ops import launch
+from tritonblas_ops.config import TileConfig
+from tritonblas_ops.plan import Knobs, Schedule
 
 
 def matmul_ref(a, b, bias=None, *, alpha=1.0, beta=1.0):
@@ -51,39 +51,23 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> No
 
 
 def assert_every_unit_computed_once(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *,
-                                    num_shards: int, num_programs: int, schedule,
+                                    num_shards: int, num_programs: int, schedule: Schedule,
                                     tolerance: float) -> None:
     """Launches the kernel twice on (B, M, K) @ (B, K, N), on one counter buffer, with a
     counter per work unit: every unit is computed exactly once, the result is right, and
-    the counters are left at zero for the next launch (_assert_drained)."""
-    batches, m, _ = a.shape
-    n = b.shape[2]
-    tiles = num_tiles(m, n, batches, config)
-    units = tiles * config.split_k
-    counters = torch.zeros(counter_elements(num_shards, tiles, config.split_k),
-                           dtype=torch.int32, device=a.device)
+    the counters are left at zero for the next launch (WorkQueue.problems)."""
+    knobs = Knobs(config, num_shards, num_programs, schedule)
+    plan = launch.plan_for(a, b, None, 1.0, 1.0, knobs)
+    queue = plan.queue
+    counters = torch.zeros(queue.numel, dtype=torch.int32, device=a.device)
     for _ in range(2):
-        unit_counts = torch.zeros(units, dtype=torch.int32, device=a.device)
-        out = torch.full((batches, m, n), float("nan"), dtype=a.dtype, device=a.device)
-        launch(a, b, out, None, 1.0, 1.0, counters, config=config, num_shards=num_shards,
-               num_programs=num_programs, schedule=schedule, tile_counts=unit_counts)
+        unit_counts = torch.zeros(queue.num_tiles * queue.split_k, dtype=torch.int32, device=a.device)
+        out = torch.full(plan.out_shape, float("nan"), dtype=a.dtype, device=a.device)
+        a_arg, b_arg, _, partials = launch.operands(plan, a, b, None)
+        launch.launch_kernel(plan, a_arg, b_arg, out, None, counters, partials, 1.0, 1.0,
+                             unit_counts=unit_counts)
         assert (unit_counts == 1).all(), f"unit counts {unit_counts.unique(return_counts=True)}"
         assert_matches(out, matmul_ref(a, b), tolerance)
-        _assert_drained(counters, units, num_shards, num_programs)
-
-
-def _assert_drained(counters: torch.Tensor, num_units: int, num_shards: int,
-                    num_programs: int) -> None:
-    """After a work-stealing launch every counter is back at zero, the padding between them
-    untouched: a shard's counter is reset by the claim that returns its size + num_programs
-    - 1, so it ends at zero only if every program asked it once after it ran dry (fewer
-    claims leave it set, more set it again); split-K's sum counter likewise, and a tile's
-    arrival counter by its last sum (by its last slice under the static schedule)."""
-    shard_sizes = [(s + 1) * num_units // num_shards - s * num_units // num_shards
-                   for s in range(num_shards)]
-    used = counters[: num_shards * COUNTER_STRIDE].view(num_shards, COUNTER_STRIDE)
-    assert used[:, 0].tolist() == [0] * num_shards, (
-        f"claim counters {used[:, 0].tolist()} not reset (shard sizes {shard_sizes}, "
-        f"{num_programs} programs)")
-    assert (used[:, 1:] == 0).all(), "an atomic hit the padding between counters"
-    assert (counters[num_shards * COUNTER_STRIDE:] == 0).all(), "a sum or arrival counter was left set"
+        problems = queue.problems(counters.tolist(), tally=queue.num_units if plan.checked else 0)
+        assert not problems, f"{problems} (queue {queue}, {num_programs} programs)"
+        counters[queue.tally_offset] = 0  # a checked launch's tally, for the next launch

@@ -1,4 +1,5 @@
-"""torch.compile routing (tritonblas_ops/routing.py): which GEMMs compiled code sends to the kernel.
+"""torch.compile routing (tritonblas_ops/lowering.py, settings.py): which GEMMs compiled code
+sends to the kernel.
 
 On the CPU, the `cpu_routing` fixture makes CPU tensors eligible: compiled code then calls the
 opaque ops, which run the kernel through Triton's interpreter (small shapes only). The inline
@@ -6,7 +7,6 @@ path's code generation is checked against a stand-in CUDA target, without runnin
 The `gpu` tests run both paths for real.
 """
 
-import importlib
 import importlib.metadata
 import json
 import os
@@ -27,11 +27,10 @@ from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
 
 import tritonblas_ops
-from tritonblas_ops import _compat
+from tritonblas_ops import _compat, settings
+from tritonblas_ops import lowering as R
+from tritonblas_ops.settings import RoutingSettings
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, rel_error
-
-# `tritonblas_ops.routing` is the context manager; the module itself:
-R = importlib.import_module("tritonblas_ops.routing")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPAQUE_CALL = re.compile(r"torch\.ops\.tritonblas\.(ws_\w+)\.default\(")
@@ -55,25 +54,25 @@ def backward_code(out) -> str:
 
 
 @pytest.fixture(autouse=True)
-def fresh_state(monkeypatch):
-    """Every test starts from the default routing state (CPU tensors ineligible), with the
-    compiled-code caches off (a hit would skip the lowering under test) and no compiled
-    frames left over."""
-    monkeypatch.setattr(R, "_enabled", True)
-    monkeypatch.setattr(R, "_policy", R.Policy.ALL)
-    monkeypatch.setattr(R, "_path", R.Path.OPAQUE)
-    monkeypatch.setattr(R, "_eligible_devices", {"cuda"})
-    monkeypatch.setattr(R, "_inline_devices", {"cuda"})
-    with torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
+def fresh_state():
+    """Every test starts from the default routing settings (CPU tensors ineligible) and ends
+    with them restored, with the compiled-code caches off (a hit would skip the lowering
+    under test) and no compiled frames left over."""
+    before = settings.current()
+    settings.restore(RoutingSettings())
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
+            torch._dynamo.reset()
+            yield
+    finally:
+        settings.restore(before)
         torch._dynamo.reset()
-        yield
-    torch._dynamo.reset()
 
 
 @pytest.fixture
-def cpu_routing(monkeypatch):
-    monkeypatch.setattr(R, "_eligible_devices", {"cuda", "cpu"})
+def cpu_routing():
+    tritonblas_ops.route_cpu(True)
 
 
 def randn(*shape, dtype=torch.float32, device="cpu", requires_grad=False):
@@ -143,10 +142,13 @@ class RoutedGraphText(expecttest.TestCase):
     def test_linear(self):
         """The GEMM calls of a compiled Linear's forward and backward, as generated (the
         same text on torch 2.11 and 2.13)."""
-        with mock.patch.object(R, "_eligible_devices", {"cuda", "cpu"}):
+        before = settings.update(cpu=True)
+        try:
             linear = torch.nn.Linear(12, 16)
             out, forward_code = compile_and_run(linear, randn(8, 12, requires_grad=True))
             code = forward_code + "\n" + backward_code(out)
+        finally:
+            settings.restore(before)
         calls = "\n".join(line.strip() for line in code.splitlines() if "tritonblas" in line)
         self.assertExpectedInline(calls, """\
 buf0 = torch.ops.tritonblas.ws_addmm.default(primals_2, primals_3, reinterpret_tensor(primals_1, (12, 16), (1, 12), 0), beta=1.0, alpha=1.0)
@@ -211,14 +213,24 @@ def test_auto_policy_leaves_small_gemms_to_inductor(cpu_routing):
         tritonblas_ops.set_policy("fastest")
 
 
-def test_environment_is_read_at_import():
-    env = {**os.environ, "TRITONBLAS_OPS_ROUTING": "0", "TRITONBLAS_OPS_POLICY": "auto",
+@pytest.mark.parametrize("spelling,enabled", [("0", False), ("false", False), ("Off", False),
+                                              ("no", False), ("1", True), ("yes", True), ("ON", True)])
+def test_environment_is_read_at_import(spelling, enabled):
+    env = {**os.environ, "TRITONBLAS_OPS_ROUTING": spelling, "TRITONBLAS_OPS_POLICY": "auto",
            "TRITONBLAS_OPS_ROUTING_PATH": "inline", "PYTHONPATH": REPO}
-    script = ("import tritonblas_ops, importlib; r = importlib.import_module('tritonblas_ops.routing'); "
-              "print(tritonblas_ops.is_enabled(), tritonblas_ops.get_policy(), r._path.value)")
+    script = ("import tritonblas_ops; from tritonblas_ops import settings; "
+              "print(tritonblas_ops.is_enabled(), tritonblas_ops.get_policy(), settings.current().path.value)")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                          check=True)
-    assert out.stdout.split() == ["False", "auto", "inline"]
+    assert out.stdout.split() == [str(enabled), "auto", "inline"]
+
+
+def test_an_unknown_routing_value_is_refused_at_import():
+    env = {**os.environ, "TRITONBLAS_OPS_ROUTING": "maybe", "PYTHONPATH": REPO}
+    out = subprocess.run([sys.executable, "-c", "import tritonblas_ops"], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "TRITONBLAS_OPS_ROUTING must be one of 1, true, on, yes, 0, false, off, no, got 'maybe'" in out.stderr
 
 
 # ---------------------------------------------------------------------------------------
@@ -260,19 +272,16 @@ def test_dynamic_shapes_compile_once(cpu_routing):
 # ---------------------------------------------------------------------------------------
 
 
-def test_cache_key_encodes_the_routing_state(monkeypatch):
+def test_cache_key_encodes_the_routing_settings():
     key = R.cache_key_pass()
     assert key in _compat.post_grad_post_passes()
     routed = key.uuid()
     assert key.uuid() == routed
-    monkeypatch.setattr(R, "_enabled", False)
-    assert key.uuid() != routed
-    monkeypatch.setattr(R, "_enabled", True)
-    monkeypatch.setattr(R, "_policy", R.Policy.AUTO)
-    assert key.uuid() != routed
-    monkeypatch.setattr(R, "_policy", R.Policy.ALL)
-    monkeypatch.setattr(R, "_path", R.Path.INLINE)
-    assert key.uuid() != routed
+    for change in ({"enabled": False}, {"policy": "auto"}, {"path": "inline"}, {"cpu": True}):
+        before = settings.update(**change)
+        assert key.uuid() != routed, change
+        settings.restore(before)
+        assert key.uuid() == routed
 
 
 class UserPass(torch._inductor.custom_graph_pass.CustomGraphPass):
@@ -310,7 +319,7 @@ CACHE_RUN = textwrap.dedent("""
     import tritonblas_ops
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
-    importlib.import_module("tritonblas_ops.routing")._eligible_devices.add("cpu")
+    tritonblas_ops.route_cpu(True)
     if sys.argv[1] == "off":
         tritonblas_ops.disable()
     _, codes = run_and_get_code(torch.compile(torch.mm), torch.randn(8, 12), torch.randn(12, 16))
@@ -399,18 +408,16 @@ def generated_code_only(fn, *args, **compile_kwargs) -> str:
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_inline_code_generation(dynamic, monkeypatch):
+def test_inline_code_generation(dynamic):
     """The inline path's code for an addmm, a bmm and two mm, one of whose operands has no
     unit stride. Triton compiles the kernel for it (to find what it writes) right after the
     interpreter ran it in this process: the interpreter must leave triton.language as it was."""
     from torch._higher_order_ops import triton_kernel_wrap
 
-    from tritonblas_ops.kernel import ws_matmul
+    from tritonblas_ops import ws_matmul
 
     ws_matmul(randn(8, 8), randn(8, 8))  # an interpreted launch first
-    monkeypatch.setattr(R, "_path", R.Path.INLINE)
-    monkeypatch.setattr(R, "_eligible_devices", {"cuda", "cpu"})
-    monkeypatch.setattr(R, "_inline_devices", {"cuda", "cpu"})
+    settings.update(path="inline", cpu=True, inline_cpu=True)
 
     def fn(x, w, bias, y, z):
         linear = F.linear(x, w, bias).relu() @ y  # an addmm, an mm
@@ -422,8 +429,17 @@ def test_inline_code_generation(dynamic, monkeypatch):
     assert routed_calls(code) == ["ws_matmul_kernel"] * 4
     assert "def ws_matmul_kernel(" in code
     # Triton's TTIR analysis found what the kernel writes. Had it failed, Inductor would
-    # assume every argument written (the host-descriptor failure of DESIGN.md 3).
+    # assume every argument written (what host-built descriptors did under torch 2.11).
     assert warning.call_count == 0
+
+
+def test_inline_without_a_product_launches_nothing():
+    """alpha = 0 (and K = 0): as the op, beta * bias, no kernel launched."""
+    settings.update(path="inline", cpu=True, inline_cpu=True)
+    with torch.no_grad():
+        code = generated_code_only(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=0.0),
+                                   randn(16), randn(8, 12), randn(12, 16))
+    assert routed_calls(code) == []
 
 
 # ---------------------------------------------------------------------------------------
@@ -454,8 +470,8 @@ def expected_calls(calls: list[str], path: str) -> list[str]:
 @pytest.mark.parametrize("path", ["opaque", "inline"])
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("case", ["mm", "addmm", "bmm"])
-def test_gpu_gemms_are_routed(case, dtype, path, monkeypatch):
-    monkeypatch.setattr(R, "_path", R.Path(path))
+def test_gpu_gemms_are_routed(case, dtype, path):
+    settings.update(path=path)
     fn, inputs, calls = gpu_case(case, dtype)
     out, code = compile_and_run(fn, *inputs)
     assert routed_calls(code) == expected_calls(calls, path)
@@ -463,11 +479,44 @@ def test_gpu_gemms_are_routed(case, dtype, path, monkeypatch):
     assert_matches(out, ref, REL_TOLERANCE[dtype])
 
 
+# (M, N, K, beta, alpha): ragged; an alpha not exact in fp32 (the inline kernel gets it as
+# fp64 and rounds it); beta 0 (the bias ignored, NaN included); alpha 0 (no product);
+# split-K; a decode shape run transposed.
+INLINE_CASES = {
+    "ragged": (257, 136, 200, 0.5, 0.1),
+    "beta 0": (1000, 700, 300, 0.0, 2.0),
+    "alpha 0": (1000, 700, 300, 0.5, 0.0),
+    "split-K": (256, 512, 32768, 1.0, 1.0),
+    "decode": (5, 4000, 4096, 2.0, 1.0),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("case", list(INLINE_CASES))
+def test_gpu_inline_is_bitwise_the_op(case, dtype):
+    """The inline kernel runs the eager op's plan: the same bits as the op."""
+    m, n, k, beta, alpha = INLINE_CASES[case]
+    settings.update(path="inline")
+    bias = randn(n, dtype=dtype, device="cuda")
+    if beta == 0:
+        bias[3] = float("nan")  # ignored
+    a, b = randn(m, k, dtype=dtype, device="cuda"), randn(k, n, dtype=dtype, device="cuda")
+
+    def fn(c, x, y):
+        return torch.addmm(c, x, y, beta=beta, alpha=alpha)
+
+    out, code = compile_and_run(fn, bias, a, b)
+    assert routed_calls(code) == ([] if alpha == 0 else ["ws_matmul_kernel"])
+    want = torch.ops.tritonblas.ws_addmm(bias, a, b, beta=beta, alpha=alpha)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["opaque", "inline"])
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
-def test_gpu_linear_forward_and_backward(dtype, path, monkeypatch):
-    monkeypatch.setattr(R, "_path", R.Path(path))
+def test_gpu_linear_forward_and_backward(dtype, path):
+    settings.update(path=path)
     torch.manual_seed(0)
     linear = torch.nn.Linear(200, 136, device="cuda", dtype=dtype)
     x = randn(4, 65, 200, dtype=dtype, device="cuda", requires_grad=True)
@@ -488,11 +537,11 @@ def test_gpu_linear_forward_and_backward(dtype, path, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["opaque", "inline"])
-def test_gpu_llama_block_is_fully_routed(path, monkeypatch):
+def test_gpu_llama_block_is_fully_routed(path):
     """The block of benchmarks/bench_block.py (run from the repository root: python -m pytest)."""
     from benchmarks.bench_block import BATCH, HIDDEN, SEQ, LlamaBlock
 
-    monkeypatch.setattr(R, "_path", R.Path(path))
+    settings.update(path=path)
     torch.manual_seed(0)
     block = LlamaBlock().cuda().to(torch.bfloat16)
     x = randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16, device="cuda", requires_grad=True)

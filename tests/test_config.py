@@ -1,0 +1,39 @@
+"""Tile configs (tritonblas_ops/config.py): the cost model's choices on an H200's 132 SMs."""
+
+import pytest
+import torch
+
+from tritonblas_ops import config as configs
+from tritonblas_ops import device as devices
+from tritonblas_ops.config import num_tiles, select_config
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_config_selector_splits_k_only_below_a_wave(dtype, monkeypatch):
+    """The cost model (132 SMs, as the H200): shapes with a wave of tiles or more keep whole
+    K; skinny and K-heavy ones are split, into slices no shorter than MIN_K_PER_SPLIT and no
+    more than two waves of work units."""
+    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    for m, n, k in [(8192, 8192, 8192), (4096, 14336, 4096), (3000, 5000, 2000), (1000, 1000, 1000)]:
+        assert select_config(m, n, k, 1, dtype, gpu).split_k == 1, (m, n, k)
+    for m, n, k in [(16, 4096, 4096), (1, 4096, 14336), (256, 512, 32768), (1024, 1024, 16384)]:
+        config = select_config(m, n, k, 1, dtype, gpu)
+        assert config.split_k > 1, (m, n, k)
+        assert k // config.split_k >= configs.MIN_K_PER_SPLIT
+        tiles = num_tiles(n, m, 1, config) if config.swap_ab else num_tiles(m, n, 1, config)
+        assert tiles * config.split_k <= 2 * 132
+        assert not select_config(m, n, k, 1, dtype, gpu, allow_split_k=False).split_k > 1
+    assert select_config(16, 4096, 300, 1, dtype, gpu).split_k == 1  # K too short to split
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_config_selector_swaps_operands_only_for_a_few_rows(dtype, monkeypatch):
+    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    for m in (1, 7, configs.SWAP_MAX_M):
+        config = select_config(m, 14336, 4096, 1, dtype, gpu)
+        assert config.swap_ab and config.block_n >= m, m
+        assert not select_config(m, 14336, 4096, 1, dtype, gpu, allow_swap_ab=False).swap_ab
+    assert not select_config(configs.SWAP_MAX_M + 1, 14336, 4096, 1, dtype, gpu).swap_ab
+    assert not select_config(8, 8, 4096, 1, dtype, gpu).swap_ab  # N no wider than M

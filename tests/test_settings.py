@@ -1,0 +1,54 @@
+"""The routing settings (tritonblas_ops/settings.py): one object, changed one way, every
+public switch a user reaches from `tritonblas_ops`."""
+
+import pytest
+
+import tritonblas_ops
+from tritonblas_ops import lowering, settings
+from tritonblas_ops.settings import Path, Policy, RoutingSettings, parse_bool
+
+
+@pytest.fixture(autouse=True)
+def restored():
+    before = settings.current()
+    yield
+    settings.restore(before)
+
+
+def test_public_switches_change_the_one_settings_object():
+    settings.restore(RoutingSettings())
+    tritonblas_ops.disable()
+    assert not tritonblas_ops.is_enabled() and not settings.current().enabled
+    tritonblas_ops.enable()
+    tritonblas_ops.set_policy("auto")
+    tritonblas_ops.route_cpu(True)
+    assert settings.current() == RoutingSettings(policy=Policy.AUTO, cpu=True)
+    assert tritonblas_ops.get_policy() == "auto"
+    with pytest.raises(ValueError, match="policy must be one of 'all', 'auto', got 'fastest'"):
+        tritonblas_ops.set_policy("fastest")
+
+
+def test_routing_scope_restores_only_what_it_changed():
+    settings.restore(RoutingSettings())
+    with tritonblas_ops.routing(False, path="inline"):
+        assert settings.current() == RoutingSettings(enabled=False, path=Path.INLINE)
+        tritonblas_ops.route_cpu(True)  # changed inside the block, by someone else
+    assert settings.current() == RoutingSettings(cpu=True)
+
+
+def test_the_names_the_docs_give_exist():
+    """`tritonblas_ops.routing` is the context manager; the modules behind it are reachable
+    by the names the README and the warnings give."""
+    assert callable(tritonblas_ops.routing) and callable(tritonblas_ops.route_cpu)
+    assert lowering.cache_key_pass() is lowering._KEY_PASS
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), ("true", True), (" On ", True), ("YES", True),
+                                            ("0", False), ("False", False), ("off", False), ("no", False)])
+def test_on_off_spellings(value, expected):
+    assert parse_bool("X", value) is expected
+
+
+def test_unknown_spellings_are_refused():
+    with pytest.raises(ValueError, match=r"X must be one of 1, true, on, yes, 0, false, off, no, got 'maybe'"):
+        parse_bool("X", "maybe")

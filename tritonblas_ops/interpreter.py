@@ -1,0 +1,70 @@
+"""Triton's interpreter as a kernel launcher for CPU tensors (tests, demos, CI).
+
+The interpreter runs a kernel's programs one after another in numpy, atomics and tl.dot
+included (its bf16 dot is wrong: launch.py computes bf16 from fp32 copies on the CPU).
+It keeps the grid position in module state, and while an interpreted kernel runs, the
+JITFunction helpers it calls must be interpreted too, which patches a process-wide class:
+so one interpreted launch runs at a time, whichever thread asks (LOCK).
+"""
+
+import functools
+import threading
+import warnings
+
+import numpy as np
+
+# Reentrant: launch.py holds it around a CPU launch and the counters that launch uses.
+LOCK = threading.RLock()
+
+
+class InterpretedKernel:
+    """`jit_function` run by Triton's interpreter, indexed by grid like the jit function.
+
+    Without TRITON_INTERPRET=1 the helpers it calls (ours and tl.cdiv's) are compiled-mode
+    JITFunctions, whose __call__ only raises; while the kernel runs, they are interpreted too.
+    """
+
+    def __init__(self, jit_function):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self._kernel = InterpretedFunction(jit_function.fn)
+        self._helpers = {}
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            from triton.runtime.jit import JITFunction
+
+            def interpreted_call(jit_fn, *call_args, **call_kwargs):  # a function: bound to jit_fn
+                return self._interpreted_call(jit_fn, *call_args, **call_kwargs)
+
+            with LOCK:
+                compiled_call = JITFunction.__call__
+                JITFunction.__call__ = interpreted_call
+                try:
+                    # inf - inf, 0 * inf and overflow are the IEEE results the GPU gives too;
+                    # numpy would warn about each one.
+                    with np.errstate(all="ignore"), warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        self._kernel[grid](*args, **kwargs)
+                finally:
+                    JITFunction.__call__ = compiled_call
+
+        return run
+
+    def _interpreted_call(self, jit_fn, *args, **kwargs):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        # Keyed by id: hashing a JITFunction would parse its source.
+        if id(jit_fn) not in self._helpers:
+            self._helpers[id(jit_fn)] = InterpretedFunction(jit_fn.fn)
+        # rewrite() rather than __call__: __call__ patches triton.language and never restores
+        # it, which breaks every later compile in the process. The launch's own patch
+        # (restored when it ends) covers tl and tl.core (kernel._TL_CORE).
+        return self._helpers[id(jit_fn)].rewrite()(*args, **kwargs)
+
+
+@functools.cache
+def interpreted(jit_function) -> InterpretedKernel:
+    """The interpreted twin of a jit function, made once per process."""
+    with LOCK:
+        return InterpretedKernel(jit_function)

@@ -1,0 +1,334 @@
+"""Launch planning: every decision a GEMM launch makes, taken once, from what the operands
+look like (shapes, strides, dtype, device, alignment) and the switches, into a frozen
+LaunchPlan. The executors (launch.py eagerly, lowering.py in Inductor's generated code)
+carry a plan out and decide nothing themselves, so the same operands always launch the
+same kernel the same way, whoever launches it.
+"""
+
+import dataclasses
+import enum
+import os
+from typing import Callable
+
+import torch
+
+from tritonblas_ops import device as devices
+from tritonblas_ops import scheduler
+from tritonblas_ops.config import TileConfig, num_tiles, select_config
+from tritonblas_ops.scheduler import WorkQueue
+
+
+class Schedule(enum.Enum):
+    WORK_STEALING = "work_stealing"  # units claimed from sharded atomic counters
+    STATIC = "static"  # program p takes units p, p + grid, ...: the baseline we beat
+
+
+class Outcome(enum.Enum):
+    LAUNCH = "launch"  # the kernel computes the output
+    EMPTY = "empty"  # the output has no elements
+    FILL = "fill"  # no product to compute (K = 0, or alpha = 0): zeros, or beta * bias
+
+
+class OperandCopy(enum.Enum):
+    """How an operand reaches the kernel: as it is, or copied first."""
+    NONE = "none"
+    ROWS = "rows"  # row-major, each row padded to whole COPY_ROW_BYTES lines
+    COLUMNS = "columns"  # column-major, each column padded likewise
+    CONTIGUOUS = "contiguous"  # row-major (no unit stride: every load would be a gather)
+
+
+# Under the static schedule a split-K tile's last slice sums every partial alone; work
+# stealing spreads the sums over all programs but pays more atomic round trips on the way.
+# On one-wave H200 launches the static sum won up to this many bytes of partials per tile
+# and lost above (benchmarks/NOTES.md step 14).
+LAST_SLICE_SUM_MAX_BYTES = 256 * 1024
+
+# A copy that aligns an operand's rows for tensor descriptors reads and writes it once; it
+# pays when the GEMM does at least this many FLOPs per byte copied (NOTES.md step 6).
+ALIGN_MIN_FLOPS_PER_BYTE = 200
+# Under TF32 a K-major copy makes the GEMM itself several times faster (wgmma reads TF32
+# only K-major), so copies pay from far smaller GEMMs (NOTES.md step 11).
+TF32_COPY_MIN_FLOPS_PER_BYTE = 64
+# Copies pad rows to whole 128-byte lines, not to the 16 bytes descriptors need: a box row
+# that starts mid-line touches two lines (NOTES.md step 16).
+COPY_ROW_BYTES = 128
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """What planning needs of a (B, rows, cols) operand (or of a bias: see bias()). Sizes
+    and strides are ints, SymInts (traced) or sympy expressions (Inductor)."""
+    shape: tuple
+    stride: tuple
+    element_size: int
+    aligned: bool | None  # its base address is 16-byte aligned; None: not known
+
+    @classmethod
+    def bias(cls, t: torch.Tensor) -> "Operand":
+        """A bias as it is: any shape that broadcasts to (M, N)."""
+        return cls(tuple(t.shape), tuple(t.stride()), t.element_size(), None)
+
+    @classmethod
+    def of(cls, t: torch.Tensor, *, traced: bool) -> "Operand":
+        """A 2-D tensor is one batch. While tracing there is no data pointer: the allocator
+        aligns storages to far more than 16 bytes, so the view's offset decides."""
+        shape, stride = tuple(t.shape), tuple(t.stride())
+        if len(shape) == 2:
+            shape, stride = (1, *shape), (shape[0] * stride[0], *stride)
+        base = t.storage_offset() * t.element_size() if traced else t.data_ptr()
+        return cls(shape, stride, t.element_size(), base % 16 == 0)
+
+    def transposed(self) -> "Operand":
+        (b, r, c), (sb, sr, sc) = self.shape, self.stride
+        return Operand((b, c, r), (sb, sc, sr), self.element_size, self.aligned)
+
+    def copied(self, copy: OperandCopy) -> "Operand":
+        """The layout `copy` gives it (launch.copy_operand makes exactly this)."""
+        (_, r, c), size = self.shape, self.element_size
+        if copy is OperandCopy.ROWS:
+            padded = _round_up(c, COPY_ROW_BYTES // size)
+            return Operand(self.shape, (r * padded, padded, 1), size, True)
+        if copy is OperandCopy.COLUMNS:
+            return self.transposed().copied(OperandCopy.ROWS).transposed()
+        if copy is OperandCopy.CONTIGUOUS:
+            return Operand(self.shape, (r * c, c, 1), size, True)
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+    """ws_matmul's keyword knobs; None lets the planner choose."""
+    config: TileConfig | None = None
+    num_shards: int | None = None
+    num_programs: int | None = None
+    schedule: Schedule = Schedule.WORK_STEALING
+    use_tma: bool | None = None
+    # None: descriptors built on the host for eager launches, by each program for traced
+    # ones; False makes eager launches build them in the programs too (tests).
+    host_descriptors: bool | None = None
+
+    @property
+    def default(self) -> bool:
+        return self == _DEFAULT_KNOBS
+
+
+_DEFAULT_KNOBS = Knobs()
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    outcome: Outcome
+    out_shape: tuple  # the output's shape: (M, N), or (B, M, N) for 3-D operands
+    compute_dtype: torch.dtype  # the operands' dtype, or fp32 where it must stand in (CPU bf16)
+    keep_bias: bool  # False when beta == 0: torch.addmm ignores the bias then, NaN included
+    copy_a: OperandCopy = OperandCopy.NONE
+    copy_b: OperandCopy = OperandCopy.NONE
+    # Launch C^T = B^T @ A^T: the kernel gets B^T as A, A^T as B and C^T as C (the sizes
+    # and strides below are the launch's, already swapped).
+    swap_ab: bool = False
+    config: TileConfig | None = None
+    queue: WorkQueue | None = None
+    grid: int = 0
+    use_tma: bool = False
+    host_descriptors: bool = False
+    a_row_major: bool = False  # under TMA: how each operand's descriptor describes it
+    b_row_major: bool = False
+    tma_store: bool = False
+    int64_index: bool = False
+    input_precision: str = "ieee"
+    sizes: tuple = ()  # (M, N, K, batches) as launched
+    strides: tuple = ()  # A's, B's, C's (batch, row, column) and the bias's (row, column)
+    partials_numel: int = 0
+    max_spins: int = 0
+    checked: bool = False
+
+    def arguments(self, a, b, c, bias, counters, partials, descriptors, alpha, beta, *,
+                  unit_counts=None, sizes=None, strides=None) -> dict:
+        """ws_matmul_kernel's arguments by name, in its order: the plan's, with the call's
+        tensors (or Inductor's buffers) and scalars. `descriptors`: A's, B's and C's host-built
+        tensor descriptors, each None when the programs make them; `sizes` and `strides`
+        replace the plan's where they are symbolic (Inductor)."""
+        m, n, k, batches = sizes or self.sizes
+        stride_a, stride_b, stride_c, stride_bias = strides or self.strides
+        a_desc, b_desc, c_desc = descriptors
+        config = self.config
+        return dict(
+            a_ptr=a, b_ptr=b, c_ptr=c, bias_ptr=bias, counters_ptr=counters,
+            partials_ptr=partials, unit_counts_ptr=unit_counts,
+            a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
+            M=m, N=n, K=k, num_batches=batches,
+            stride_ab=stride_a[0], stride_am=stride_a[1], stride_ak=stride_a[2],
+            stride_bb=stride_b[0], stride_bk=stride_b[1], stride_bn=stride_b[2],
+            stride_cb=stride_c[0], stride_cm=stride_c[1], stride_cn=stride_c[2],
+            stride_bias_m=stride_bias[0], stride_bias_n=stride_bias[1],
+            alpha=alpha, beta=beta, max_spins=self.max_spins,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            GROUP_M=config.group_m, SPLIT_K=config.split_k, SUM_ROWS=config.sum_rows,
+            **self.queue.kernel_constants(),
+            CHECKED=self.checked,
+            INPUT_PRECISION=self.input_precision,
+            INT64_INDEX=self.int64_index,
+            USE_TMA=self.use_tma, A_ROW_MAJOR=self.a_row_major, B_ROW_MAJOR=self.b_row_major,
+            TMA_STORE=self.tma_store,
+        )
+
+    @property
+    def launch_options(self) -> dict:
+        return dict(num_warps=self.config.num_warps, num_stages=self.config.num_stages)
+
+
+def tf32_enabled() -> bool:
+    """Whether torch.mm may use TF32 for fp32 inputs; reads the new API, then the legacy one."""
+    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", "none")
+    if precision != "none":
+        return precision == "tf32"
+    return torch.backends.cuda.matmul.allow_tf32
+
+
+def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: torch.dtype,
+         device: torch.device, alpha_zero: bool, beta_zero: bool, tf32: bool,
+         knobs: Knobs = _DEFAULT_KNOBS, traced: bool = False, checked: bool = False,
+         hint: Callable = lambda size: size, dynamic: bool = False,
+         fits_int32: Callable[[object], bool] | None = None, out: Operand | None = None) -> LaunchPlan:
+    """The launch of alpha * a @ b + beta * bias for (B, M, K) and (B, K, N) operands (a 2-D
+    GEMM is one batch), bias None or broadcastable to (M, N).
+
+    traced: the operands have no data yet (FakeTensors, or Inductor's IR): no copies that
+    only pay on real data, and descriptors made by the programs. Inductor passes `hint` (the
+    sizes it plans for), `dynamic` (some size is symbolic: one program per SM, no K split,
+    no swap) and `fits_int32` (whether an offset is known to stay below 2**31 - 1). `out`:
+    the (B, M, N) output's layout when it is not a fresh tensor's.
+    """
+    batches, m, k = a.shape
+    n = b.shape[2]
+    out_shape = (batches, m, n) if batched else (m, n)
+    compute_dtype = torch.float32 if device.type == "cpu" and dtype == torch.bfloat16 else dtype
+    keep_bias = bias is not None and not beta_zero
+    if hint(batches) * hint(m) * hint(n) == 0:
+        return LaunchPlan(Outcome.EMPTY, out_shape, compute_dtype, keep_bias)
+    if hint(k) == 0 or alpha_zero:  # as BLAS and torch.addmm: A, B and alpha not read
+        return LaunchPlan(Outcome.FILL, out_shape, compute_dtype, keep_bias)
+
+    # Hopper's wgmma reads TF32 operands from shared memory only K-major; Triton otherwise
+    # copies each tile through registers and cannot overlap the MMAs (NOTES.md step 11):
+    # give A K-contiguous rows and B K-contiguous columns.
+    tf32_k_major = dtype == torch.float32 and tf32 and device.type == "cuda"
+    align = (knobs.use_tma is None and not traced and devices.has_tma(device)
+             and _aligning_pays(a, b, TF32_COPY_MIN_FLOPS_PER_BYTE if tf32_k_major
+                                else ALIGN_MIN_FLOPS_PER_BYTE))
+    copy_a = _operand_copy(a, align, k_dim=2 if tf32_k_major else None)
+    copy_b = _operand_copy(b, align, k_dim=1 if tf32_k_major else None)
+    a, b = a.copied(copy_a), b.copied(copy_b)
+    c = out or Operand((batches, m, n), (m * n, n, 1), a.element_size, True)
+    bias_strides = _broadcast_strides(bias, (m, n)) if keep_bias else (0, 0)
+
+    config = knobs.config or select_config(
+        hint(m), hint(n), hint(k), hint(batches), dtype, device,
+        allow_split_k=not dynamic, allow_swap_ab=not dynamic)
+    swap_ab = config.swap_ab
+    if swap_ab:  # C^T = B^T @ A^T: the same kernel on transposed views
+        a, b, c = b.transposed(), a.transposed(), c.transposed()
+        bias_strides = bias_strides[::-1]
+        m, n = n, m
+
+    num_shards = devices.default_num_shards(device) if knobs.num_shards is None else knobs.num_shards
+    tiles = num_tiles(m, n, batches, config)
+    if knobs.num_programs is not None:
+        grid = knobs.num_programs
+    elif dynamic:
+        grid = devices.num_compute_units(device)  # programs that find no unit exit at once
+    else:
+        grid = min(devices.num_compute_units(device), tiles * config.split_k)
+    if num_shards < 1 or grid < 1:
+        raise ValueError(f"need num_shards >= 1 and num_programs >= 1, got {num_shards}, {grid}")
+    schedule = knobs.schedule
+    if not dynamic and tiles * config.split_k <= grid and (
+            config.split_k == 1 or config.split_k * config.partial_bytes <= LAST_SLICE_SUM_MAX_BYTES):
+        # One wave: each program has at most one unit, and one whose SM is held by other
+        # work runs it as soon as a thief could have. Stealing would buy nothing and its
+        # claims cost time (NOTES.md step 13). With split-K, unless the tile's last slice
+        # would read too many partials alone.
+        schedule = Schedule.STATIC
+    queue = WorkQueue(num_shards, tiles, config.split_k,
+                      config.block_m // config.sum_rows, schedule is Schedule.WORK_STEALING)
+
+    describable = _describable(a) and _describable(b)
+    use_tma = knobs.use_tma
+    if use_tma is None:
+        use_tma = devices.has_tma(device) and describable
+    elif use_tma and not describable:
+        raise ValueError("use_tma=True needs 16-byte aligned operands with a unit stride")
+    tma_store = use_tma and c.stride[2] == 1 and _describable(c)
+    host_descriptors = not traced if knobs.host_descriptors is None else knobs.host_descriptors
+
+    offsets = [_max_offset(t.shape, t.stride) for t in (a, b, c)]
+    if keep_bias:
+        offsets.append(_max_offset((m, n), bias_strides))
+    fits = fits_int32 or (lambda offset: offset < 2**31 - 1)
+    return LaunchPlan(
+        Outcome.LAUNCH, out_shape, compute_dtype, keep_bias,
+        copy_a=copy_a, copy_b=copy_b, swap_ab=swap_ab, config=config, queue=queue, grid=grid,
+        use_tma=use_tma, host_descriptors=use_tma and host_descriptors,
+        a_row_major=use_tma and a.stride[2] == 1, b_row_major=use_tma and b.stride[2] == 1,
+        tma_store=tma_store,
+        int64_index=not all(fits(offset) for offset in offsets),
+        input_precision="tf32" if dtype == torch.float32 and tf32 else "ieee",
+        sizes=(m, n, k, batches), strides=(a.stride, b.stride, c.stride, bias_strides),
+        partials_numel=tiles * config.split_k * config.block_m * config.block_n
+        if config.split_k > 1 else 0,
+        max_spins=scheduler.MAX_SPINS,
+        checked=checked,
+    )
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def _aligning_pays(a: Operand, b: Operand, min_flops_per_byte: int) -> bool:
+    batches, m, k = a.shape
+    n = b.shape[2]
+    copied_bytes = 2 * a.element_size * batches * (m * k + k * n)
+    return 2 * batches * m * n * k >= min_flops_per_byte * copied_bytes
+
+
+def _describable(t: Operand) -> bool:
+    """Whether a tensor descriptor can move the operand: one unit stride, the other stride,
+    the batch stride (when there are batches) and the base all 16-byte aligned."""
+    _, rows, cols = t.stride
+    other = rows if cols == 1 else cols if rows == 1 else None
+    if other is None or not t.aligned:
+        return False
+    aligned = [other * t.element_size]
+    if t.shape[0] > 1:
+        aligned.append(t.stride[0] * t.element_size)
+    return all(x % 16 == 0 for x in aligned)
+
+
+def _operand_copy(t: Operand, align: bool, k_dim: int | None) -> OperandCopy:
+    """As it is; when aligning pays, copied into padded rows or columns if descriptors
+    cannot read it as it is, or if `k_dim` is given and K is not its contiguous dimension;
+    copied row-major if it has no unit stride."""
+    if align and ((k_dim is not None and t.stride[k_dim] != 1) or not _describable(t)):
+        return OperandCopy.COLUMNS if k_dim == 1 else OperandCopy.ROWS
+    if t.stride[2] == 1 or t.stride[1] == 1:
+        return OperandCopy.NONE
+    return OperandCopy.CONTIGUOUS
+
+
+def _broadcast_strides(bias: Operand, out: tuple) -> tuple:
+    """The (row, column) strides of bias.expand(M, N): a size-1 or missing dimension repeats."""
+    shape, stride = bias.shape, bias.stride
+    result = []
+    for i, size in enumerate(out):
+        dim = len(shape) - len(out) + i
+        result.append(stride[dim] if dim >= 0 and shape[dim] != 1 else 0)
+    return tuple(result)
+
+
+def _max_offset(shape, stride):
+    return sum((size - 1) * abs(s) for size, s in zip(shape, stride))
+
+
+def shard_setting() -> str | None:
+    """$TRITONBLAS_OPS_NUM_SHARDS as set now (part of a cached plan's key)."""
+    return os.environ.get(devices.SHARDS_ENV)

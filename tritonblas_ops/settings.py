@@ -1,0 +1,146 @@
+"""The routing settings: one object, read from the environment at import, changed only
+through `update()` (which enable(), disable(), routing(), route_cpu() and set_policy() call).
+
+The settings decide which GEMMs of graphs compiled from then on reach the kernel
+(lowering.py); graphs already compiled keep their code. They are process-wide, like
+torch's own compile settings: change them between compiles, not while another thread
+compiles.
+"""
+
+import contextlib
+import dataclasses
+import enum
+import os
+import threading
+
+ROUTING_ENV = "TRITONBLAS_OPS_ROUTING"  # on by default; 0 / false / off / no turn it off
+POLICY_ENV = "TRITONBLAS_OPS_POLICY"  # "all" (default) or "auto"
+PATH_ENV = "TRITONBLAS_OPS_ROUTING_PATH"  # "opaque" (default) or "inline"
+
+_TRUE = ("1", "true", "on", "yes")
+_FALSE = ("0", "false", "off", "no")
+
+
+def parse_bool(variable: str, value: str) -> bool:
+    """An environment variable's on/off value, in any of the usual spellings."""
+    spelled = value.strip().lower()
+    if spelled in _TRUE:
+        return True
+    if spelled in _FALSE:
+        return False
+    raise ValueError(f"{variable} must be one of {', '.join(_TRUE + _FALSE)}, got {value!r}")
+
+
+class Policy(enum.Enum):
+    ALL = "all"  # every eligible GEMM
+    AUTO = "auto"  # eligible GEMMs where the kernel is expected to win (lowering._auto_routes)
+
+
+class Path(enum.Enum):
+    OPAQUE = "opaque"  # a call of the torch.ops.tritonblas op
+    INLINE = "inline"  # the Triton kernel in Inductor's generated code
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingSettings:
+    enabled: bool = True
+    policy: Policy = Policy.ALL
+    path: Path = Path.OPAQUE
+    # CPU GEMMs routed too: compiled code then calls the ops, which run the kernel through
+    # Triton's interpreter. Slow; for tests and demos on machines without a GPU.
+    cpu: bool = False
+    # The inline path for CPU tensors as well: code generation only (tests check it against
+    # a stand-in CUDA target); nothing can run it.
+    inline_cpu: bool = False
+
+    @classmethod
+    def from_environment(cls) -> "RoutingSettings":
+        return cls(
+            enabled=parse_bool(ROUTING_ENV, os.environ.get(ROUTING_ENV, "1")),
+            policy=_choice(Policy, POLICY_ENV, os.environ.get(POLICY_ENV, Policy.ALL.value)),
+            path=_choice(Path, PATH_ENV, os.environ.get(PATH_ENV, Path.OPAQUE.value)),
+        )
+
+
+def _choice(choice: type[enum.Enum], variable: str, value) -> enum.Enum:
+    if isinstance(value, choice):
+        return value
+    try:
+        return choice(value)
+    except ValueError:
+        allowed = ", ".join(repr(c.value) for c in choice)
+        raise ValueError(f"{variable} must be one of {allowed}, got {value!r}") from None
+
+
+_lock = threading.Lock()
+_current = RoutingSettings.from_environment()
+
+
+def current() -> RoutingSettings:
+    return _current
+
+
+def update(**changes) -> RoutingSettings:
+    """Replace some settings (names of RoutingSettings' fields; policy and path also as their
+    strings); returns the settings before the change."""
+    global _current
+    if "policy" in changes:
+        changes["policy"] = _choice(Policy, "policy", changes["policy"])
+    if "path" in changes:
+        changes["path"] = _choice(Path, "path", changes["path"])
+    with _lock:
+        before = _current
+        _current = dataclasses.replace(before, **changes)
+    return before
+
+
+def restore(settings: RoutingSettings) -> None:
+    """Put back every setting of `settings` (what update() returned)."""
+    update(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(settings)})
+
+
+# ---------------------------------------------------------------------------------------
+# The public switches
+# ---------------------------------------------------------------------------------------
+
+
+def enable() -> None:
+    """Route eligible GEMMs of graphs compiled from now on through the kernel."""
+    update(enabled=True)
+
+
+def disable() -> None:
+    """Leave every GEMM of graphs compiled from now on to Inductor."""
+    update(enabled=False)
+
+
+def is_enabled() -> bool:
+    return _current.enabled
+
+
+@contextlib.contextmanager
+def routing(enabled: bool | None = None, *, policy: str | None = None, path: str | None = None):
+    """Routing on or off (and optionally another policy or path) for graphs compiled inside
+    the block; a lazily compiled backward compiles at .backward(): call that inside too."""
+    changes = {name: value for name, value in
+               (("enabled", enabled), ("policy", policy), ("path", path)) if value is not None}
+    before = update(**changes)
+    try:
+        yield
+    finally:
+        update(**{name: getattr(before, name) for name in changes})
+
+
+def route_cpu(enabled: bool) -> None:
+    """Also route CPU GEMMs: compiled code then calls the ops, which run the kernel through
+    Triton's interpreter. Slow; for tests and demos on machines without a GPU."""
+    update(cpu=bool(enabled))
+
+
+def set_policy(policy: str) -> None:
+    """"all": route every eligible GEMM; "auto": only those the kernel is expected to win."""
+    update(policy=policy)
+
+
+def get_policy() -> str:
+    return _current.policy.value
