@@ -34,15 +34,25 @@ def checked_launches():
     yield
 
 
-@pytest.fixture
-def unchecked():
-    """Launches not checked, for tests of what unchecked calls take (the fast launch)."""
+def _launches_checked(enabled: bool):
     import tritonblas_ops
 
     before = tritonblas_ops.is_checked()
-    tritonblas_ops.set_checked(False)
+    tritonblas_ops.set_checked(enabled)
     yield
     tritonblas_ops.set_checked(before)
+
+
+@pytest.fixture
+def unchecked():
+    """Launches not checked, for tests of what unchecked calls take (the fast launch)."""
+    yield from _launches_checked(False)
+
+
+@pytest.fixture
+def checked():
+    """Launches checked, whatever the session chose."""
+    yield from _launches_checked(True)
 
 
 @pytest.fixture

@@ -3,51 +3,21 @@ plan cache under concurrent callers: no buffer is handed out twice or lost, no s
 goes unnoticed in checked mode, and a failed launch leaves later ones right."""
 
 import sys
-import threading
 import time
 
 import pytest
 import torch
 
-import tritonblas_ops
+import tritonblas_ops  # noqa: F401  (registers the ops)
 from tritonblas_ops import counters, launch
 from tritonblas_ops.config import TileConfig
 from tritonblas_ops.launch import ws_matmul
 from tritonblas_ops.plan import Knobs
+from concurrency import frequent_thread_switches, run_in_threads
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
 
 CPU = torch.device("cpu")
 FP32 = REL_TOLERANCE[torch.float32]
-
-
-def run_in_threads(work, count: int, timeout_s: float = 300.0) -> list:
-    """work(i) for i < count, each in a thread of its own, released at once; re-raises the
-    first exception; fails if a thread hangs."""
-    barrier = threading.Barrier(count)
-    results, errors = [None] * count, []
-
-    def body(i):
-        try:
-            barrier.wait()
-            results[i] = work(i)
-        except BaseException as e:  # noqa: BLE001  (handed to the test's thread below)
-            errors.append(e)
-
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(count)]
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # switch threads often, so races show up
-    try:
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + timeout_s
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-    finally:
-        sys.setswitchinterval(previous)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish: deadlock?"
-    if errors:
-        raise errors[0]
-    return results
 
 
 @pytest.fixture
@@ -63,20 +33,13 @@ def fresh_pool(monkeypatch):
     monkeypatch.setattr(counters, "_lasting_zeros", slowly)
 
 
-@pytest.fixture
-def checked():
-    before = tritonblas_ops.is_checked()
-    tritonblas_ops.set_checked(True)
-    yield
-    tritonblas_ops.set_checked(before)
-
-
 @pytest.mark.usefixtures("fresh_pool")
 def test_threads_asking_at_once_share_one_buffer():
     """Eight threads ask for a CPU buffer at first use, half of them for more than the
     others (a growth): each gets the buffer that stays in the pool, or one it replaced
     that launches queued before may still use; none is made twice for one size."""
-    got = run_in_threads(lambda i: counters.zeroed(64 if i % 2 else 256, CPU), 8)
+    with frequent_thread_switches():
+        got = run_in_threads(lambda i: counters.zeroed(64 if i % 2 else 256, CPU), 8)
     final = counters.zeroed(1, CPU)
     assert final.numel() >= 256 and all(t.numel() >= (64 if i % 2 else 256) for i, t in enumerate(got))
     assert all(t is final for t in got if t.numel() >= 256)
@@ -96,7 +59,9 @@ def test_plan_cache_evictions_from_many_threads(monkeypatch):
             outs.append((ws_matmul(a, b), matmul_ref(a, b)))
         return outs
 
-    for outs in run_in_threads(work, 8):
+    with frequent_thread_switches():
+        results = run_in_threads(work, 8)
+    for outs in results:
         for out, ref in outs:
             assert_matches(out, ref, FP32)
     assert len(launch.cached_plans()) <= 3

@@ -197,3 +197,16 @@ def test_torch_func_transforms():
     assert_matches(got, torch.func.grad(lambda x: torch.mm(x, b).square().sum())(a).double(), FP32)
     a3 = torch.randn(2, 5, 4)
     assert_matches(torch.func.vmap(ops.ws_mm, in_dims=(0, None))(a3, b), (a3 @ b).double(), FP32)
+
+
+def test_nan_and_inf_inputs_raise_no_warnings_from_the_interpreter():
+    """inf - inf and 0 * inf are IEEE results on the GPU too: numpy's warnings about them,
+    inside Triton's interpreter, must not reach the user."""
+    import warnings
+
+    a, b = torch.randn(9, 7), torch.randn(7, 5)
+    a[0, 0], a[1, 1], b[2, 2] = float("nan"), float("inf"), 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out = ops.ws_addmm(torch.full((5,), float("-inf")), a, b)
+    assert torch.isnan(out).any() and torch.isinf(out).any()

@@ -33,6 +33,7 @@ from tritonblas_ops.config import TileConfig
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.plan import Knobs, Schedule, tf32_enabled
 from tritonblas_ops.launch import ws_matmul
+from concurrency import frequent_thread_switches, run_in_threads
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref, rel_error
 
 ops = torch.ops.tritonblas
@@ -49,42 +50,6 @@ def tolerance(dtype) -> float:
     if dtype == torch.float32 and torch.cuda.is_available() and tf32_enabled():
         return REL_TOLERANCE["tf32"]
     return REL_TOLERANCE[dtype]
-
-
-def run_in_threads(work, count: int, timeout_s: float = 300.0) -> list:
-    """work(0) ... work(count - 1), each in its own thread, all released at once. Returns the
-    results; re-raises the first exception a thread raised; a hung thread fails the test."""
-    barrier = threading.Barrier(count)
-    results, errors = [None] * count, []
-
-    def body(i):
-        try:
-            barrier.wait()
-            results[i] = work(i)
-        except BaseException as e:  # noqa: BLE001  (handed to the test's thread below)
-            errors.append(e)
-
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(count)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout_s
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), "a thread did not finish: deadlock?"
-    if errors:
-        raise errors[0]
-    return results
-
-
-@contextlib.contextmanager
-def frequent_thread_switches():
-    """Let the interpreter switch threads every 10 us (default 5 ms), so races show up."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
 
 
 def track_interpreter_overlap(monkeypatch, hold_s: float) -> dict:
@@ -429,7 +394,6 @@ def oracle(aten, args, kwargs, dtype, device):
     return aten(*args, **kwargs)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on inf and NaN
 @pytest.mark.usefixtures("poison_empty")
 @pytest.mark.parametrize("path", ["op", "descriptors"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -482,7 +446,6 @@ def fp16_overflow_case(device):
     return a, b
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on inf and NaN
 @pytest.mark.usefixtures("poison_empty")
 def test_fp16_overflow_becomes_inf_like_torch():
     a, b = fp16_overflow_case("cpu")
@@ -508,7 +471,6 @@ def test_gpu_fp16_overflow_becomes_inf_like_torch():
 SPECIAL_SCALARS = [(NAN, 1.0), (1.0, NAN), (INF, 1.0), (-INF, 2.0), (1.0, INF), (1e38, 1.0)]
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on inf and NaN
 @pytest.mark.usefixtures("poison_empty")
 @pytest.mark.parametrize("alpha,beta", SPECIAL_SCALARS)
 def test_special_alpha_and_beta_like_torch_addmm(alpha, beta):
@@ -526,7 +488,6 @@ def test_special_alpha_and_beta_like_torch_addmm(alpha, beta):
         assert_matches(got[finite], ref[finite], FP32)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on inf and NaN
 @pytest.mark.parametrize("case", ["K == 0, alpha NaN", "K == 0, alpha inf", "alpha == 0, NaN and inf inputs"])
 def test_addmm_skips_the_product_like_torch(case):
     if case.startswith("K == 0"):

@@ -54,7 +54,7 @@ def num_xcds_for_arch(arch: str, num_cus: int) -> int:
 def default_num_shards(device: torch.device) -> int:
     """Counter shards: $TRITONBLAS_OPS_NUM_SHARDS, else XCDs on AMD, else 1.
 
-    On the H200, 8 contiguous shards measured 5-12% slower than one counter (DESIGN.md 5),
+    On the H200, 8 contiguous shards measured 5-12% slower than one counter (benchmarks/METHOD.md),
     and NVIDIA has no chiplet L2 to keep tiles near, so one shard is the NVIDIA default.
     """
     override = os.environ.get(SHARDS_ENV)
