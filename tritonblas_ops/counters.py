@@ -94,13 +94,6 @@ def _captured(numel: int, device: torch.device) -> torch.Tensor:
         return slab[used:used + numel]
 
 
-def slab_left(device: torch.device) -> int:
-    """int32 elements of `device`'s graph slab not handed out yet (0 with no slab)."""
-    with _lock:
-        slab = _slabs.get(device.index)
-        return 0 if slab is None else slab.numel() - _slab_used[device.index]
-
-
 def spend_slab(device: torch.device) -> None:
     """Hand out the rest of `device`'s graph slab to nobody (tests of the spent slab)."""
     with _lock:

@@ -160,7 +160,7 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
     a, b = _fixed_layout(a), _fixed_layout(b)
     bias = _fixed_layout(bias) if bias is not None else None
     device, dtype = a.get_device(), a.get_dtype()
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = dtype.itemsize
     sizes = [*a.get_size(), *b.get_size(), *(bias.get_size() if bias is not None else ())]
     sizevars = V.graph.sizevars
     the_plan = plan(

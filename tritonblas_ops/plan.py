@@ -106,10 +106,6 @@ class Knobs:
     # ones; False makes eager launches build them in the programs too (tests).
     host_descriptors: bool | None = None
 
-    @property
-    def default(self) -> bool:
-        return self == _DEFAULT_KNOBS
-
 
 _DEFAULT_KNOBS = Knobs()
 
