@@ -34,12 +34,9 @@ class InterpretedKernel:
         def run(*args, **kwargs):
             from triton.runtime.jit import JITFunction
 
-            def interpreted_call(jit_fn, *call_args, **call_kwargs):  # a function: bound to jit_fn
-                return self._interpreted_call(jit_fn, *call_args, **call_kwargs)
-
             with LOCK:
                 compiled_call = JITFunction.__call__
-                JITFunction.__call__ = interpreted_call
+                JITFunction.__call__ = self._interpreted_call
                 try:
                     # inf - inf, 0 * inf and overflow are the IEEE results the GPU gives too;
                     # numpy would warn about each one.
@@ -51,20 +48,28 @@ class InterpretedKernel:
 
         return run
 
-    def _interpreted_call(self, jit_fn, *args, **kwargs):
+    @property
+    def _interpreted_call(self):
+        """JITFunction.__call__ while a launch runs: a plain function (a bound method set on
+        the class would not receive the JITFunction as its first argument)."""
         from triton.runtime.interpreter import InterpretedFunction
 
-        # Keyed by id: hashing a JITFunction would parse its source.
-        if id(jit_fn) not in self._helpers:
-            self._helpers[id(jit_fn)] = InterpretedFunction(jit_fn.fn)
-        # rewrite() rather than __call__: __call__ patches triton.language and never restores
-        # it, which breaks every later compile in the process. The launch's own patch
-        # (restored when it ends) covers tl and tl.core (kernel._TL_CORE).
-        return self._helpers[id(jit_fn)].rewrite()(*args, **kwargs)
+        helpers = self._helpers
+
+        def interpreted_call(jit_fn, *args, **kwargs):
+            # Keyed by id: hashing a JITFunction would parse its source.
+            if id(jit_fn) not in helpers:
+                helpers[id(jit_fn)] = InterpretedFunction(jit_fn.fn)
+            # rewrite() rather than __call__: __call__ patches triton.language and never
+            # restores it, which breaks every later compile in the process. The launch's own
+            # patch (restored when it ends) covers tl and tl.core (kernel._TL_CORE).
+            return helpers[id(jit_fn)].rewrite()(*args, **kwargs)
+
+        return interpreted_call
 
 
 @functools.cache
 def interpreted(jit_function) -> InterpretedKernel:
-    """The interpreted twin of a jit function, made once per process."""
-    with LOCK:
-        return InterpretedKernel(jit_function)
+    """The interpreted twin of a jit function, made once per process (two threads racing
+    here may each make one: equal and stateless but for a cache, so either serves)."""
+    return InterpretedKernel(jit_function)

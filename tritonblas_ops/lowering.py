@@ -147,11 +147,8 @@ def _fixed_layout(x):
 
 
 def _operand(x, element_size: int) -> Operand:
-    """The Operand of an IR node (2-D: one batch), its base alignment unknown."""
-    shape, stride = tuple(x.get_size()), tuple(x.get_stride())
-    if len(shape) == 2:
-        shape, stride = (1, *shape), (shape[0] * stride[0], *stride)
-    return Operand(shape, stride, element_size, None)
+    """The Operand of an IR node, its base alignment unknown."""
+    return Operand.of_layout(x.get_size(), x.get_stride(), element_size, None)
 
 
 def _emit_inline(a, b, bias, alpha: float, beta: float):

@@ -69,13 +69,18 @@ class Operand:
 
     @classmethod
     def of(cls, t: torch.Tensor, *, traced: bool) -> "Operand":
-        """A 2-D tensor is one batch. While tracing there is no data pointer: the allocator
-        aligns storages to far more than 16 bytes, so the view's offset decides."""
-        shape, stride = tuple(t.shape), tuple(t.stride())
+        """While tracing there is no data pointer: the allocator aligns storages to far more
+        than 16 bytes, so the view's offset decides."""
+        base = t.storage_offset() * t.element_size() if traced else t.data_ptr()
+        return cls.of_layout(t.shape, t.stride(), t.element_size(), base % 16 == 0)
+
+    @classmethod
+    def of_layout(cls, shape, stride, element_size: int, aligned: bool | None) -> "Operand":
+        """A (B, rows, cols) or (rows, cols) layout; a 2-D one is one batch (as unsqueeze(0))."""
+        shape, stride = tuple(shape), tuple(stride)
         if len(shape) == 2:
             shape, stride = (1, *shape), (shape[0] * stride[0], *stride)
-        base = t.storage_offset() * t.element_size() if traced else t.data_ptr()
-        return cls(shape, stride, t.element_size(), base % 16 == 0)
+        return cls(shape, stride, element_size, aligned)
 
     def transposed(self) -> "Operand":
         (b, r, c), (sb, sr, sc) = self.shape, self.stride
