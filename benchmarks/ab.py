@@ -3,7 +3,7 @@ output bits, in alternating processes of one machine (host speed drifts between 
 starts, so only a side-by-side run compares host time).
 
     git archive <commit> tritonblas_ops | tar -x -C /some/dir
-    python -m benchmarks.ab --baseline /some/dir [--rounds 3] [--fast-paths-off]
+    python -m benchmarks.ab --baseline /some/dir [--rounds 6] [--fast-paths-off]
 
 Each round runs one process per tree (baseline, this; with --fast-paths-off also this
 tree with TRITONBLAS_OPS_FAST_PATHS=0), in turn. A process times torch.mm, the op and the
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", type=pathlib.Path, required=True,
                         help="a folder holding another tritonblas_ops package")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=1000, help="calls per timed trial")
     parser.add_argument("--trials", type=int, default=11)
     parser.add_argument("--fast-paths-off", action="store_true",
@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         outputs = {name: os.path.join(folder, f"{i}.pt") for i, name in enumerate(variants)}
         for round_ in range(args.rounds):
-            for name, (tree, fast) in variants.items():
+            # ABBA order: a drift in host speed over the run falls on every tree alike
+            order = list(variants.items()) if round_ % 2 == 0 else list(variants.items())[::-1]
+            for name, (tree, fast) in order:
                 out_path = outputs[name] if round_ == 0 and not args.host_only else "-"
                 times[name].append(run_process(tree, out_path, args.calls, args.trials, fast))
                 print(f"round {round_ + 1} {name}: {times[name][-1]}", flush=True)
@@ -106,15 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     differing = {name: [key for key in reference if not torch.equal(reference[key], outs[key])]
                  for name, outs in bits.items() if name != "baseline"}
 
+    # Host speed differs between processes by up to 1.5x (one machine, one minute apart), so
+    # each process's own op - mm is the comparable number; its median and range are printed.
+    for runs in times.values():
+        for run in runs:
+            run["op - mm"] = run["ws_op"] - run["torch_mm"]
     providers = list(times["baseline"][0])
     summary = {name: {p: statistics.median(run[p] for run in runs) for p in providers}
                for name, runs in times.items()}
     print(f"\nus per call, 64^3 bf16, median of {args.rounds} processes x {args.trials} trials "
-          f"x {args.calls} calls")
-    print(f"{'':<28}" + "".join(f"{p:>10}" for p in providers) + f"{'op - mm':>10}")
+          f"x {args.calls} calls; op - mm: median [min, max] of the processes' own")
+    print(f"{'':<28}" + "".join(f"{p:>10}" for p in providers))
     for name, row in summary.items():
+        spread = [run["op - mm"] for run in times[name]]
         print(f"{name:<28}" + "".join(f"{row[p]:>10.1f}" for p in providers)
-              + f"{row['ws_op'] - row['torch_mm']:>10.1f}")
+              + f"  [{min(spread):.1f}, {max(spread):.1f}]")
     for name, keys in differing.items() if bits else ():
         print(f"bits, {name} vs baseline: {'equal' if not keys else 'DIFFER: ' + ', '.join(keys)} "
               f"({len(reference)} outputs)")

@@ -57,7 +57,7 @@ if has block; then
 fi
 has overlap && python3 -m benchmarks.overlap --hog-sms 16,33 --out "$OUT/h200_overlap.csv" 2>&1 | tee "$OUT/overlap.log" | tail -20
 if has ab; then
-  python3 -m benchmarks.ab --baseline .baseline --rounds 3 --fast-paths-off --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log" | tail -8
+  python3 -m benchmarks.ab --baseline .baseline --fast-paths-off --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log" | tail -8
   (cd .baseline && PYTHONPATH=$PWD python3 -m benchmarks.bench --out "$OUT/baseline_bf16.csv" 2>&1 \
     | tee "$OUT/baseline_bench.log" | tail -3)
 fi

@@ -176,12 +176,12 @@ class DirectLaunch:
                    tuple(scalar_slots), fill)
 
     def __call__(self, grid: int, stream: int, tensors: tuple, alpha: float, beta: float) -> None:
+        addresses = [t.data_ptr() if t is not None else None for t in tensors]
         args = self.args.copy()
         for index, slot in self.pointer_slots:
-            tensor = tensors[index]
-            args[slot] = tensor.data_ptr() if tensor is not None else None
+            args[slot] = addresses[index]
         for slot, index, fill_args, encoded in self.descriptor_slots:
-            address = tensors[index].data_ptr()
+            address = addresses[index]
             tensor_map = encoded.get(address)
             if tensor_map is None:
                 tensor_map = self.fill(address, *fill_args)
