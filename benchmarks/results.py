@@ -60,7 +60,7 @@ def environment(device: torch.device, args: dict) -> dict:
         "triton": triton.__version__,
         "cuda": torch.version.cuda or torch.version.hip,
         "python": platform.python_version(),
-        "command": shlex.join([sys.executable, "-m", "benchmarks.bench", *sys.argv[1:]]),
+        "command": shlex.join([sys.executable, "-m", _main_module(), *sys.argv[1:]]),
         "git": _git_revision(),
         "args": args,
     }
@@ -80,9 +80,10 @@ def fill_ratios(rows: list[Row]) -> None:
             r.vs_torch_mm = r.tflops / base
 
 
-def append(csv_path: pathlib.Path, rows: list[Row], env: dict) -> None:
+def append(csv_path: pathlib.Path, rows: list, env: dict) -> None:
+    """rows: dataclass instances of one type (Row, or another harness's own)."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    header = [f.name for f in dataclasses.fields(Row)]
+    header = [f.name for f in dataclasses.fields(type(rows[0]) if rows else Row)]
     new = not csv_path.exists()
     if not new:
         with csv_path.open() as f:
@@ -103,6 +104,12 @@ def append(csv_path: pathlib.Path, rows: list[Row], env: dict) -> None:
 def _rounded(fields: dict) -> dict:
     """Five significant digits: well past the run-to-run noise, and a readable committed file."""
     return {k: float(f"{v:.5g}") if isinstance(v, float) else v for k, v in fields.items()}
+
+
+def _main_module() -> str:
+    """The harness that is running (python -m <this>)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec.name if spec is not None else "benchmarks.bench"
 
 
 def _git_revision() -> str | None:
