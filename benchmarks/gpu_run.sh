@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [block] [overlap] [dtypes] [ab]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [block] [models_small] [models_8b] [overlap] [dtypes] [ab]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
 # (AOTInductor compiles), bench ~1 min, contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
-# under a minute each; one device call may run 10 minutes. `ab` (not in the default list) compares this tree
+# under a minute each; one device call may run 10 minutes. models_small and models_8b (benchmarks/models.py,
+# not in the default list) compile every variant per model, step and graph mode: ~15 s each (one llama_8b run),
+# so roughly 12 and 3 minutes; their stage times are not measured yet. `ab` (not in the default list) compares this tree
 # with another checkout in .baseline/ (git archive <commit> tritonblas_ops benchmarks | tar -x -C .baseline):
 # host time and output bits (benchmarks/ab.py), then the baseline's corpus (run `bench` beside it), ~3 min.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
@@ -55,6 +57,13 @@ if has block; then
     python3 -m benchmarks.bench_block --path $path 2>&1 | tee "$OUT/block_$path.log" | tail -6
   done
 fi
+for group in small 8b; do
+  if has models_$group; then
+    [[ $group == small ]] && list=gpt2_mlp,llama_small,decode_8b_t1,decode_8b_t16 || list=llama_8b
+    python3 -m benchmarks.models --models $list --variants default,routed,routed_inline --held 0,16,33 \
+      --out "$OUT/h200_models.csv" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/models_$group.log" | tail -40
+  fi
+done
 has overlap && python3 -m benchmarks.overlap --hog-sms 16,33 --out "$OUT/h200_overlap.csv" 2>&1 | tee "$OUT/overlap.log" | tail -20
 if has ab; then
   python3 -m benchmarks.ab --baseline .baseline --fast-paths-off --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log" | tail -8

@@ -25,12 +25,14 @@ timing --steps-per-trial back-to-back steps between two CUDA events. With --held
 stream holds H whole SMs for each whole timed window (benchmarks/sm_hog.py); a window the
 hog did not cover is redone longer. Rows: per-step milliseconds (p20 / p50 / p80 over
 trials), the ratio to `default` (above 1: faster), the kernels one step launches (counted by
-the profiler; of them, work-stealing GEMMs), and the output's relative error against
-`default`'s. --smoke runs tiny fp32 models on the CPU (routing through Triton's interpreter):
+the profiler; of them, work-stealing GEMMs; their names go to the run's metadata, the JSON
+beside the CSV), and the output's relative error against `default`'s (0 where every
+kernel's bits agree: bf16 GEMMs that sum K in the same order round alike). --smoke runs tiny fp32 models on the CPU (routing through Triton's interpreter):
 the plumbing only.
 """
 
 import argparse
+import collections
 import dataclasses
 import pathlib
 import statistics
@@ -252,8 +254,8 @@ def cpu_window_ms(step, steps: int) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def count_kernels(step) -> tuple[int, int]:
-    """(kernels, of them ws_matmul_kernel) one step launches, as the profiler sees them."""
+def kernel_names(step) -> dict[str, int]:
+    """The kernels one step launches, by name, as the profiler sees them."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -262,7 +264,7 @@ def count_kernels(step) -> tuple[int, int]:
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
              and not e.name.startswith(("Memcpy", "Memset"))]
-    return len(names), sum(WS_KERNEL in name for name in names)
+    return dict(collections.Counter(names))
 
 
 def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
@@ -285,7 +287,13 @@ def measure(name: str, shape: Shape, step: str, graphs: bool, args, env) -> list
             out = steps[variant]()
         outputs[variant] = out.detach().clone()
         model.zero_grad(set_to_none=True)
-    counts = {v: count_kernels(steps[v]) if device.type == "cuda" else (None, None) for v in steps}
+    counts = {}
+    for variant in steps:
+        names = kernel_names(steps[variant]) if device.type == "cuda" else None
+        # The run's metadata keeps the names: what a variant launches besides the GEMMs.
+        env.setdefault("kernels", {})[f"{name}/{step}/graphs {'on' if graphs else 'off'}/{variant}"] = names
+        counts[variant] = ((sum(names.values()), sum(n for k, n in names.items() if WS_KERNEL in k))
+                           if names is not None else (None, None))
     reference = outputs.get("default")
 
     streams = (torch.cuda.Stream(), torch.cuda.Stream()) if device.type == "cuda" else None
