@@ -141,7 +141,8 @@ def test_linear_forward_and_backward_are_routed(cpu_routing):
 class RoutedGraphText(expecttest.TestCase):
     def test_linear(self):
         """The GEMM calls of a compiled Linear's forward and backward, as generated (the
-        same text on torch 2.11 and 2.13)."""
+        same text on torch 2.11, 2.13 and 2.14 once Inductor's buffer numbers, which differ
+        between them, are left out)."""
         before = settings.update(cpu=True)
         try:
             linear = torch.nn.Linear(12, 16)
@@ -149,11 +150,12 @@ class RoutedGraphText(expecttest.TestCase):
             code = forward_code + "\n" + backward_code(out)
         finally:
             settings.restore(before)
-        calls = "\n".join(line.strip() for line in code.splitlines() if "tritonblas" in line)
+        calls = "\n".join(re.sub(r"\bbuf\d+\b", "buf", line.strip())
+                          for line in code.splitlines() if "tritonblas" in line)
         self.assertExpectedInline(calls, """\
-buf0 = torch.ops.tritonblas.ws_addmm.default(primals_2, primals_3, reinterpret_tensor(primals_1, (12, 16), (1, 12), 0), beta=1.0, alpha=1.0)
-buf0 = torch.ops.tritonblas.ws_mm.default(tangents_1, primals_1)
-buf2 = torch.ops.tritonblas.ws_mm.default(reinterpret_tensor(tangents_1, (16, 8), (1, 16), 0), primals_3)""")
+buf = torch.ops.tritonblas.ws_addmm.default(primals_2, primals_3, reinterpret_tensor(primals_1, (12, 16), (1, 12), 0), beta=1.0, alpha=1.0)
+buf = torch.ops.tritonblas.ws_mm.default(tangents_1, primals_1)
+buf = torch.ops.tritonblas.ws_mm.default(reinterpret_tensor(tangents_1, (16, 8), (1, 16), 0), primals_3)""")
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,10 +1,14 @@
-"""What differs between the torch versions we support (2.11 on the GPU machine, 2.13 in CI).
+"""What differs between the torch versions we support (2.11 on the GPU machine, 2.13 in CI,
+2.14 what a fresh `pip install` takes here).
 
-Everything else in the package uses APIs that are the same in both.
+Everything else in the package uses APIs that are the same in all of them.
 """
+
+import inspect
 
 from torch._inductor import config as inductor_config
 from torch._inductor import custom_graph_pass
+from torch._inductor import ir
 
 # torch 2.13 lets a post-grad pass slot hold a list of passes (and calls, keys and checks
 # each); torch 2.11 holds one pass. Detected by the helper that reads such a list.
@@ -51,3 +55,15 @@ def append_post_grad_post_pass(new_pass) -> None:
         inductor_config.post_grad_custom_post_pass = [*passes, new_pass]
     else:
         inductor_config.post_grad_custom_post_pass = _PassPair(current, new_pass)
+
+
+# torch 2.14 adds a required `launch_kwargs` (the kernel arguments passed as launch keywords)
+# to Inductor's user-defined Triton kernel node; ours passes none.
+_LAUNCH_KWARGS = "launch_kwargs" in inspect.signature(ir.UserDefinedTritonKernel.__init__).parameters
+
+
+def user_defined_triton_kernel(**kwargs) -> ir.UserDefinedTritonKernel:
+    """ir.UserDefinedTritonKernel(**kwargs), with no launch keywords where torch asks for them."""
+    if _LAUNCH_KWARGS:
+        kwargs.setdefault("launch_kwargs", ())
+    return ir.UserDefinedTritonKernel(**kwargs)

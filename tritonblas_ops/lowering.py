@@ -192,7 +192,7 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
 
     # Added at every lowering: torch._dynamo.reset() empties the side table.
     kernel = _kernel_with_launch_config(the_plan.config.num_warps, the_plan.config.num_stages)
-    ir.UserDefinedTritonKernel(
+    _compat.user_defined_triton_kernel(
         kernel_idx=kernel_side_table.add_kernel(kernel),
         grid=[(the_plan.grid, 1, 1)],
         tma_descriptor_metadata={},

@@ -234,7 +234,10 @@ def _with_forward_ad(op, setup_context, backward, tangent):
     def jvp(ctx, *tangents):
         return tangent(ctx.saved_tensors, tangents[:-1], ctx.keyword_only_args)
 
-    return type(f"ForwardAD_{op._name}", (torch.autograd.Function,), {
+    # A _SingleLevelFunction, as torch.func builds its own: a Function's apply (Python in torch
+    # 2.11 / 2.13, C++ in 2.14) hands calls made under torch.func's transforms to the
+    # custom_function_call operator, which has no kernel at the autograd keys we run at.
+    return type(f"ForwardAD_{op._name}", (torch.autograd.function._SingleLevelFunction,), {
         "forward": staticmethod(forward), "setup_context": staticmethod(setup),
         "backward": staticmethod(backward_), "jvp": staticmethod(jvp)})
 
@@ -261,7 +264,7 @@ def _register_autograd(op, body, setup_context, backward, tangent) -> None:
             # kernel does not support. Applied as a single-level Function from inside the
             # dispatcher: torch.func's own wrapper expects to be called above its transforms.
             with enable_single_level_autograd_function():
-                return super(torch.autograd.Function, dual).apply(*args, _Call(keyset, keyword_only_args))
+                return dual.apply(*args, _Call(keyset, keyword_only_args))
         return reverse(keyset, *args, **keyword_only_args)
 
     kernel = fastpath.skip_autograd_without_grads(autograd_kernel, body)
