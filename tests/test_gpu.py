@@ -455,3 +455,55 @@ def test_compiled_explicit_op_makes_its_descriptors_in_the_programs():
     assert "ws_matmul_kernel" in "\n".join(code)
     assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def batch_invariant():
+    before = tritonblas_ops.is_batch_invariant()
+    launch.clear_plans()
+    tritonblas_ops.batch_invariant(True)
+    yield
+    tritonblas_ops.batch_invariant(before)
+    launch.clear_plans()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "tf32"], indirect=True)
+@pytest.mark.parametrize("name", ["ws_mm", "ws_addmm", "ws_bmm"])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (1000, 14336)])
+def test_batch_invariant_rows_from_decode_to_prefill(name, n, k, precision, batch_invariant):
+    """Every row of ws_mm(a[:m], b) bitwise equal to that row of ws_mm(a, b), m from 1 to
+    8192: through the decode sizes (which otherwise take the transposed path) and the
+    K-split ones."""
+    dtype = DTYPES[precision]
+    batches = 2 if name == "ws_bmm" else 1
+    a = torch.randn(batches, 8192, k, dtype=dtype, device="cuda")
+    b = torch.randn(batches, k, n, dtype=dtype, device="cuda")
+    bias = torch.randn(n, dtype=dtype, device="cuda")
+
+    def call(rows):
+        if name == "ws_mm":
+            return torch.ops.tritonblas.ws_mm(a[0, :rows], b[0])
+        if name == "ws_addmm":
+            return torch.ops.tritonblas.ws_addmm(bias, a[0, :rows], b[0], beta=0.5, alpha=2.0)
+        return torch.ops.tritonblas.ws_bmm(a[:, :rows], b)
+
+    full = call(8192)
+    if name == "ws_addmm":
+        reference = matmul_ref(a[0, :64], b[0], bias, alpha=2.0, beta=0.5)
+    else:
+        reference = matmul_ref(a[..., :64, :], b if name == "ws_bmm" else b[0])
+    assert_matches(full[..., :64, :], reference.reshape(full[..., :64, :].shape), tolerance(precision))
+    for rows in (1, 2, 7, 16, 17, 64, 100, 128, 1000, 4096):
+        assert torch.equal(call(rows), full[..., :rows, :]), rows
+
+
+@pytest.mark.usefixtures("batch_invariant")
+def test_batch_invariant_compiled_matches_eager_rows():
+    """Routed under torch.compile, batch-invariant: a decode batch's rows are the bits eager
+    gives the same rows inside a prefill batch."""
+    w = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(2048, 4096, dtype=torch.bfloat16, device="cuda")
+    full = torch.ops.tritonblas.ws_mm(x, w.t())
+    compiled = torch.compile(lambda x: torch.nn.functional.linear(x, w))
+    for rows in (1, 16, 300):
+        assert torch.equal(compiled(x[:rows]), full[:rows]), rows

@@ -31,6 +31,7 @@ from tritonblas_ops import _compat, settings
 from tritonblas_ops import lowering as R
 from tritonblas_ops.settings import RoutingSettings
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, rel_error
+from tiles import m_dependent_tiles  # noqa: F401  (a fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPAQUE_CALL = re.compile(r"torch\.ops\.tritonblas\.(ws_\w+)\.default\(")
@@ -570,3 +571,36 @@ def test_gpu_llama_block_is_fully_routed(path):
     fp32 = [out32, x32.grad] + [p.grad for p in block32.parameters()]
     for got, eager_bf16, ref in zip(routed, eager, fp32):
         assert rel_error(got, ref) <= 2 * rel_error(eager_bf16, ref) + 1e-3
+
+
+# ---------------------------------------------------------------------------------------
+# Batch-invariant numerics, compiled
+# ---------------------------------------------------------------------------------------
+
+
+def test_batch_invariant_compiled_rows_do_not_depend_on_the_batch(cpu_routing, m_dependent_tiles):
+    """A routed GEMM compiled for M rows gives each row the bits the full batch's compile
+    gives it (the op call: its plan at run time), and the inline kernel is planned with the
+    same tile for every M (code generation only, on the CPU)."""
+    tritonblas_ops.batch_invariant(True)
+    x, w = randn(40, 96), randn(24, 96)
+    linear = torch.compile(lambda x: F.linear(x, w), dynamic=False)
+    full = linear(x)
+    for rows in (1, 5, 17):
+        part, code = compile_and_run(lambda x: F.linear(x, w), x[:rows], dynamic=False)
+        assert routed_calls(code) == ["ws_mm"]
+        assert torch.equal(part, full[:rows])
+
+    planned = []
+    original = R.plan
+
+    def recording_plan(*args, **kwargs):
+        planned.append(original(*args, **kwargs))
+        return planned[-1]
+
+    settings.update(path="inline", inline_cpu=True)
+    with mock.patch.object(R, "plan", recording_plan), torch.no_grad():
+        for rows in (1, 5, 40):
+            generated_code_only(lambda x: x @ w.t(), x[:rows], dynamic=False)
+    assert len(planned) == 3 and len({p.config for p in planned}) == 1
+    assert planned[0].config.split_k == 1 and not planned[0].swap_ab

@@ -7,6 +7,7 @@ from torch.library import opcheck
 
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
+from tiles import m_dependent_tiles  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("poison_empty")
 
@@ -210,3 +211,39 @@ def test_nan_and_inf_inputs_raise_no_warnings_from_the_interpreter():
         warnings.simplefilter("error", RuntimeWarning)
         out = ops.ws_addmm(torch.full((5,), float("-inf")), a, b)
     assert torch.isnan(out).any() and torch.isinf(out).any()
+
+
+# ---------------------------------------------------------------------------------------
+# Batch-invariant mode
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ws_mm", "ws_addmm", "ws_bmm"])
+def test_batch_invariant_rows_do_not_depend_on_the_batch(name, m_dependent_tiles):
+    """ws_mm(a[:m], b)[i] == ws_mm(a, b)[i] bitwise for every m with batch_invariant(True);
+    without it, the M-dependent tiles and K splits change some rows' bits."""
+    a, b, bias = torch.randn(40, 96), torch.randn(96, 24), torch.randn(24)
+    if name == "ws_bmm":
+        a, b = torch.randn(2, 40, 96), torch.randn(2, 96, 24)
+
+    def call(rows):
+        if name == "ws_addmm":
+            return ops.ws_addmm(bias, a[:rows], b, beta=0.5, alpha=2.0)
+        return getattr(ops, name)(a[..., :rows, :], b)
+
+    def reference(rows):
+        if name == "ws_addmm":
+            return matmul_ref(a[:rows], b, bias, alpha=2.0, beta=0.5)
+        return matmul_ref(a[..., :rows, :], b)
+
+    def rows_match(rows) -> bool:
+        full, part = call(40), call(rows)
+        return torch.equal(part, full[..., :rows, :])
+
+    sizes = (1, 3, 5, 17, 24, 31)
+    tritonblas_ops.batch_invariant(False)
+    assert not all(rows_match(rows) for rows in sizes)
+    tritonblas_ops.batch_invariant(True)
+    for rows in sizes:
+        assert rows_match(rows), rows
+        assert_matches(call(rows), reference(rows), FP32)

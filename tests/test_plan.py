@@ -232,3 +232,22 @@ def test_plans_are_frozen_and_cached_per_key():
     launch.ws_matmul(a, b)
     launch.ws_matmul(torch.randn(24, 40), b)
     assert launch.cached_plans() == [first]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("batches", [1, 3])
+def test_batch_invariant_plans_do_not_depend_on_m(h200, dtype, batches):
+    """Batch-invariant: one tile config for every M and batch count of an (N, K), no K split,
+    no swap; the default plans pick others as M changes (so the check can fail)."""
+    size = dtype.itemsize
+
+    def configs(batch_invariant):
+        return {gpu_plan(row_major(batches, m, 4096, size=size), row_major(batches, 4096, 14336, size=size),
+                         dtype=dtype, batch_invariant=batch_invariant).config
+                for m in (1, 5, 16, 17, 64, 128, 1000, 2048, 8192)}
+
+    invariant = configs(True)
+    assert len(invariant) == 1
+    (config,) = invariant
+    assert config.split_k == 1 and not config.swap_ab
+    assert len(configs(False)) > 1

@@ -52,3 +52,17 @@ def test_on_off_spellings(value, expected):
 def test_unknown_spellings_are_refused():
     with pytest.raises(ValueError, match=r"X must be one of 1, true, on, yes, 0, false, off, no, got 'maybe'"):
         parse_bool("X", "maybe")
+
+
+def test_batch_invariant_switch_and_environment(monkeypatch):
+    settings.restore(RoutingSettings())
+    assert not tritonblas_ops.is_batch_invariant()
+    tritonblas_ops.batch_invariant(True)
+    assert tritonblas_ops.is_batch_invariant() and settings.current().batch_invariant
+    tritonblas_ops.batch_invariant(False)
+    assert not tritonblas_ops.is_batch_invariant()
+    monkeypatch.setenv(settings.BATCH_INVARIANT_ENV, "on")
+    assert settings.RoutingSettings.from_environment().batch_invariant
+    monkeypatch.setenv(settings.BATCH_INVARIANT_ENV, "maybe")
+    with pytest.raises(ValueError, match="TRITONBLAS_OPS_BATCH_INVARIANT must be one of"):
+        settings.RoutingSettings.from_environment()

@@ -7,9 +7,11 @@ from tritonblas_ops.config import TileConfig
 from tritonblas_ops.launch import is_checked, set_checked, ws_matmul
 from tritonblas_ops.plan import Schedule
 from tritonblas_ops.settings import (
+    batch_invariant,
     disable,
     enable,
     get_policy,
+    is_batch_invariant,
     is_enabled,
     route_cpu,
     routing,
@@ -20,6 +22,7 @@ _lowering.install()  # torch.compile routes eligible GEMMs from here on (lowerin
 _distributed.register()  # DTensor sharding rules for the ops (distributed.py)
 
 __all__ = [
-    "Schedule", "TileConfig", "disable", "enable", "get_policy", "is_checked", "is_enabled",
-    "route_cpu", "routing", "set_checked", "set_policy", "ws_matmul",
+    "Schedule", "TileConfig", "batch_invariant", "disable", "enable", "get_policy",
+    "is_batch_invariant", "is_checked", "is_enabled", "route_cpu", "routing", "set_checked",
+    "set_policy", "ws_matmul",
 ]

@@ -18,7 +18,7 @@ from torch.library import wrap_triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritonblas_ops import counters as counter_pool
-from tritonblas_ops import fastpath, interpreter, relayout
+from tritonblas_ops import fastpath, interpreter, relayout, settings
 from tritonblas_ops.config import TileConfig
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.plan import (
@@ -33,10 +33,9 @@ from tritonblas_ops.plan import (
     shard_setting,
     tf32_enabled,
 )
-from tritonblas_ops.settings import parse_bool
 
 CHECKED_ENV = "TRITONBLAS_OPS_CHECKED"
-_checked = parse_bool(CHECKED_ENV, os.environ.get(CHECKED_ENV, "0"))
+_checked = settings.parse_bool(CHECKED_ENV, os.environ.get(CHECKED_ENV, "0"))
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # not fake, not functional
 MAX_PLANS = 1024
@@ -97,6 +96,7 @@ def plan_for(a, b, bias, alpha: float, beta: float, knobs: Knobs = Knobs(), *,
         batched=a.dim() == 3, dtype=a.dtype, device=a.device,
         alpha_zero=alpha == 0, beta_zero=beta == 0, tf32=a.dtype == torch.float32 and tf32_enabled(),
         knobs=knobs, traced=traced, checked=_checked and not traced and not capturing,
+        batch_invariant=settings.current().batch_invariant,
         out=Operand.of(out, traced=traced) if out is not None else None,
     )
 
@@ -291,13 +291,14 @@ def cached_plans() -> list[LaunchPlan]:
 def _plan_key(a, b, bias, alpha, beta) -> tuple:
     """Everything a plan depends on besides the data: shapes, strides, dtype, device, the
     operands' 16-byte alignment (Triton specializes on it; so does the TMA choice), the
-    bias's layout, the special values of alpha and beta, TF32, the shard setting, and
-    whether the launch is checked."""
+    bias's layout, the special values of alpha and beta, TF32, the shard setting, whether
+    the launch is checked, and batch invariance."""
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(),
             None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16),
             a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
             a.dtype == torch.float32 and tf32_enabled(), shard_setting(),
-            _checked and not (a.is_cuda and torch.cuda.is_current_stream_capturing()))
+            _checked and not (a.is_cuda and torch.cuda.is_current_stream_capturing()),
+            settings.current().batch_invariant)
 
 
 def _cached_call(a, b, bias, alpha: float, beta: float) -> torch.Tensor:

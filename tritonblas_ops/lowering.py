@@ -51,7 +51,7 @@ from torch._inductor.virtualized import V
 from tritonblas_ops import _compat, settings
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES
-from tritonblas_ops.plan import Operand, OperandCopy, Outcome, plan, tf32_enabled
+from tritonblas_ops.plan import BATCH_INVARIANT_M, Operand, OperandCopy, Outcome, plan, tf32_enabled
 from tritonblas_ops.settings import Path, Policy
 
 aten = torch.ops.aten
@@ -65,7 +65,11 @@ L = inductor_lowering.lowerings
 def _auto_routes(batches: int, m: int, n: int, k: int) -> bool:
     """Policy "auto": whether the kernel is expected to come within ~10% of cuBLAS alone
     (and so beat it once other work holds SMs): on the H200 bf16 corpus every aligned shape
-    with M, N >= 2048 did, smaller or unaligned ones lost (benchmarks/NOTES.md step 3)."""
+    with M, N >= 2048 did, smaller or unaligned ones lost (benchmarks/NOTES.md step 3).
+    Batch-invariant: decided as for BATCH_INVARIANT_M rows, so whether a GEMM is routed does
+    not depend on M either."""
+    if settings.current().batch_invariant:
+        batches, m = 1, BATCH_INVARIANT_M
     return (
         batches * m * n * k >= 2**34  # smaller: bound by the host's time per call
         and m >= 2048
@@ -167,6 +171,7 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
         batched=len(a.get_size()) == 3, dtype=dtype, device=device,
         alpha_zero=alpha == 0, beta_zero=beta == 0, tf32=dtype == torch.float32 and tf32_enabled(),
         traced=True, hint=sizevars.optimization_hint,
+        batch_invariant=settings.current().batch_invariant,
         dynamic=not all(isinstance(s, (int, sympy.Integer)) for s in sizes),
         fits_int32=lambda offset: sizevars.statically_known_lt(offset, 2**31 - 1),
     )

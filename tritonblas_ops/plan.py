@@ -53,6 +53,10 @@ TF32_COPY_MIN_FLOPS_PER_BYTE = 64
 # that starts mid-line touches two lines (NOTES.md step 16).
 COPY_ROW_BYTES = 128
 
+# Batch-invariant launches take the tile select_config picks for this many rows (a prefill's
+# GEMM), whatever M is: the same for every M, and the one big GEMMs run with anyway.
+BATCH_INVARIANT_M = 4096
+
 @dataclasses.dataclass(frozen=True)
 class Operand:
     """What planning needs of a (B, rows, cols) operand (or of a bias: see bias()). Sizes
@@ -188,6 +192,7 @@ def tf32_enabled() -> bool:
 def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: torch.dtype,
          device: torch.device, alpha_zero: bool, beta_zero: bool, tf32: bool,
          knobs: Knobs = _DEFAULT_KNOBS, traced: bool = False, checked: bool = False,
+         batch_invariant: bool = False,
          hint: Callable = lambda size: size, dynamic: bool = False,
          fits_int32: Callable[[object], bool] | None = None, out: Operand | None = None) -> LaunchPlan:
     """The launch of alpha * a @ b + beta * bias for (B, M, K) and (B, K, N) operands (a 2-D
@@ -197,7 +202,10 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     only pay on real data, and descriptors made by the programs. Inductor passes `hint` (the
     sizes it plans for), `dynamic` (some size is symbolic: one program per SM, no K split,
     no swap) and `fits_int32` (whether an offset is known to stay below 2**31 - 1). `out`:
-    the (B, M, N) output's layout when it is not a fresh tensor's.
+    the (B, M, N) output's layout when it is not a fresh tensor's. batch_invariant: the tile
+    choice ignores M and the batch count, with no K split and no swap, so each output
+    element is summed in the same order whatever rows share the launch (a tile's rows are
+    computed alike: the same K steps, the same MMAs, masked rows or not).
     """
     batches, m, k = a.shape
     n = b.shape[2]
@@ -222,9 +230,14 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     c = out or Operand((batches, m, n), (m * n, n, 1), a.element_size, True)
     bias_strides = _broadcast_strides(bias, (m, n)) if keep_bias else (0, 0)
 
-    config = knobs.config or select_config(
-        hint(m), hint(n), hint(k), hint(batches), dtype, device,
-        allow_split_k=not dynamic, allow_swap_ab=not dynamic)
+    if knobs.config is not None:
+        config = knobs.config
+    elif batch_invariant:
+        config = select_config(BATCH_INVARIANT_M, hint(n), hint(k), 1, dtype, device,
+                               allow_split_k=False, allow_swap_ab=False)
+    else:
+        config = select_config(hint(m), hint(n), hint(k), hint(batches), dtype, device,
+                               allow_split_k=not dynamic, allow_swap_ab=not dynamic)
     swap_ab = config.swap_ab
     if swap_ab:  # C^T = B^T @ A^T: the same kernel on transposed views
         a, b, c = b.transposed(), a.transposed(), c.transposed()

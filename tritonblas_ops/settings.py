@@ -1,8 +1,10 @@
 """The routing settings: one object, read from the environment at import, changed only
-through `update()` (which enable(), disable(), routing(), route_cpu() and set_policy() call).
+through `update()` (which enable(), disable(), routing(), route_cpu(), set_policy() and
+batch_invariant() call).
 
 The settings decide which GEMMs of graphs compiled from then on reach the kernel
-(lowering.py); graphs already compiled keep their code. They are process-wide, like
+(lowering.py), and one decides the numerics of every launch, eager or compiled
+(batch_invariant); graphs already compiled keep their code. They are process-wide, like
 torch's own compile settings: change them between compiles, not while another thread
 compiles.
 """
@@ -16,6 +18,7 @@ import threading
 ROUTING_ENV = "TRITONBLAS_OPS_ROUTING"  # on by default; 0 / false / off / no turn it off
 POLICY_ENV = "TRITONBLAS_OPS_POLICY"  # "all" (default) or "auto"
 PATH_ENV = "TRITONBLAS_OPS_ROUTING_PATH"  # "opaque" (default) or "inline"
+BATCH_INVARIANT_ENV = "TRITONBLAS_OPS_BATCH_INVARIANT"  # off by default
 
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
@@ -52,6 +55,9 @@ class RoutingSettings:
     # The inline path for CPU tensors as well: code generation only (tests check it against
     # a stand-in CUDA target); nothing can run it.
     inline_cpu: bool = False
+    # Every launch sums each output element in an order that does not depend on M (nor on
+    # the batch count): plan.py's tile choice ignores them, with no K split and no swap.
+    batch_invariant: bool = False
 
     @classmethod
     def from_environment(cls) -> "RoutingSettings":
@@ -59,6 +65,7 @@ class RoutingSettings:
             enabled=parse_bool(ROUTING_ENV, os.environ.get(ROUTING_ENV, "1")),
             policy=_choice(Policy, POLICY_ENV, os.environ.get(POLICY_ENV, Policy.ALL.value)),
             path=_choice(Path, PATH_ENV, os.environ.get(PATH_ENV, Path.OPAQUE.value)),
+            batch_invariant=parse_bool(BATCH_INVARIANT_ENV, os.environ.get(BATCH_INVARIANT_ENV, "0")),
         )
 
 
@@ -144,3 +151,16 @@ def set_policy(policy: str) -> None:
 
 def get_policy() -> str:
     return _current.policy.value
+
+
+def batch_invariant(enabled: bool) -> None:
+    """Batch-invariant numerics (also TRITONBLAS_OPS_BATCH_INVARIANT=1): every ws GEMM from
+    now on, explicit or in graphs compiled from now on, computes each output element in an
+    order that does not depend on the rows beside it: ws_mm(a[:m], b)[i] is bitwise equal to
+    ws_mm(a, b)[i] for every m. Costs speed where M alone would pick another tile, a K split
+    or the transposed decode path (benchmarks/RESULTS.md)."""
+    update(batch_invariant=bool(enabled))
+
+
+def is_batch_invariant() -> bool:
+    return _current.batch_invariant

@@ -1,0 +1,27 @@
+"""A stand-in for select_config on the CPU, whose own choice is one fixed tile for every
+shape: this one picks by M as the GPU's does (a transposed narrow tile for few rows, a K
+split for some), so tests of batch invariance can fail there."""
+
+import pytest
+
+from tritonblas_ops import launch, plan, settings
+from tritonblas_ops.config import TileConfig
+
+
+def m_dependent_selector(m, n, k, batches, dtype, device, *, allow_split_k=True, allow_swap_ab=True):
+    if allow_swap_ab and m <= 4:
+        return TileConfig(32, 16, 32, num_warps=4, num_stages=1, swap_ab=True)
+    if allow_split_k and m <= 24:
+        return TileConfig(16, 32, 32, num_warps=4, num_stages=1, split_k=2)
+    return TileConfig(32, 32, 32, num_warps=4, num_stages=1)
+
+
+@pytest.fixture
+def m_dependent_tiles(monkeypatch):
+    """select_config replaced by m_dependent_selector; the plan cache and settings restored."""
+    monkeypatch.setattr(plan, "select_config", m_dependent_selector)
+    launch.clear_plans()
+    before = settings.current()
+    yield
+    settings.restore(before)
+    launch.clear_plans()
