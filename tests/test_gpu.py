@@ -507,3 +507,25 @@ def test_batch_invariant_compiled_matches_eager_rows():
     compiled = torch.compile(lambda x: torch.nn.functional.linear(x, w))
     for rows in (1, 16, 300):
         assert torch.equal(compiled(x[:rows]), full[:rows]), rows
+
+
+@pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (256, 512, 32768), (16, 14336, 4096)])
+def test_sm_budget_and_carveout_change_the_grid_not_the_bits(m, n, k):
+    """Under sm_budget(n) and torch's SM carve-out the launch runs fewer programs (every
+    unit still once: checked launches) and gives the unbudgeted result's bits."""
+    a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
+    launch.clear_plans()
+    free = torch.ops.tritonblas.ws_mm(a, b)
+    with tritonblas_ops.sm_budget(66):
+        assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), free)
+    torch._C._set_sm_carveout_experimental(16)
+    try:
+        assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), free)
+    finally:
+        torch._C._set_sm_carveout_experimental(None)
+    units = devices.num_compute_units(a.device)
+    grids = {plan.grid for plan in launch.cached_plans()}
+    planned = min(units, max(grids))
+    assert grids == {planned, min(planned, 66), min(planned, units - 16)}
+    assert_matches(free, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])

@@ -251,3 +251,19 @@ def test_batch_invariant_plans_do_not_depend_on_m(h200, dtype, batches):
     (config,) = invariant
     assert config.split_k == 1 and not config.swap_ab
     assert len(configs(False)) > 1
+
+
+def test_an_sm_budget_caps_the_grid_not_the_tile(h200):
+    """Under a budget the grid shrinks (work stealing once the units outnumber it); the tile
+    config, and so every result, stays the one without a budget."""
+    a, b = row_major(1, 8192, 8192), row_major(1, 8192, 8192)
+    free = gpu_plan(a, b)
+    for programs in (1, 66, 116):
+        capped = gpu_plan(a, b, max_programs=programs)
+        assert capped.grid == programs and capped.config == free.config
+        assert capped.queue.work_stealing
+    a, b = row_major(1, 1024, 256), row_major(1, 256, 1024)  # fewer units than 100
+    one_wave = gpu_plan(a, b)
+    assert one_wave.grid < 100 and not one_wave.queue.work_stealing
+    assert gpu_plan(a, b, max_programs=100).grid == one_wave.grid
+    assert gpu_plan(a, b, max_programs=8).queue.work_stealing

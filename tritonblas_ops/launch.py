@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from tritonblas_ops import budget
 from tritonblas_ops import counters as counter_pool
 from tritonblas_ops import fastpath, interpreter, relayout, settings
 from tritonblas_ops.config import TileConfig
@@ -97,6 +98,7 @@ def plan_for(a, b, bias, alpha: float, beta: float, knobs: Knobs = Knobs(), *,
         alpha_zero=alpha == 0, beta_zero=beta == 0, tf32=a.dtype == torch.float32 and tf32_enabled(),
         knobs=knobs, traced=traced, checked=_checked and not traced and not capturing,
         batch_invariant=settings.current().batch_invariant,
+        max_programs=None if traced else budget.program_limit(a.device),
         out=Operand.of(out, traced=traced) if out is not None else None,
     )
 
@@ -292,13 +294,13 @@ def _plan_key(a, b, bias, alpha, beta) -> tuple:
     """Everything a plan depends on besides the data: shapes, strides, dtype, device, the
     operands' 16-byte alignment (Triton specializes on it; so does the TMA choice), the
     bias's layout, the special values of alpha and beta, TF32, the shard setting, whether
-    the launch is checked, and batch invariance."""
+    the launch is checked, batch invariance, and the SM budget."""
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(),
             None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16),
             a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
             a.dtype == torch.float32 and tf32_enabled(), shard_setting(),
             _checked and not (a.is_cuda and torch.cuda.is_current_stream_capturing()),
-            settings.current().batch_invariant)
+            settings.current().batch_invariant, budget.key())
 
 
 def _cached_call(a, b, bias, alpha: float, beta: float) -> torch.Tensor:

@@ -192,7 +192,7 @@ def tf32_enabled() -> bool:
 def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: torch.dtype,
          device: torch.device, alpha_zero: bool, beta_zero: bool, tf32: bool,
          knobs: Knobs = _DEFAULT_KNOBS, traced: bool = False, checked: bool = False,
-         batch_invariant: bool = False,
+         batch_invariant: bool = False, max_programs: int | None = None,
          hint: Callable = lambda size: size, dynamic: bool = False,
          fits_int32: Callable[[object], bool] | None = None, out: Operand | None = None) -> LaunchPlan:
     """The launch of alpha * a @ b + beta * bias for (B, M, K) and (B, K, N) operands (a 2-D
@@ -205,7 +205,9 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     the (B, M, N) output's layout when it is not a fresh tensor's. batch_invariant: the tile
     choice ignores M and the batch count, with no K split and no swap, so each output
     element is summed in the same order whatever rows share the launch (a tile's rows are
-    computed alike: the same K steps, the same MMAs, masked rows or not).
+    computed alike: the same K steps, the same MMAs, masked rows or not). max_programs: an
+    SM budget (budget.py) capping the grid; the tile choice ignores it, so results do not
+    depend on it.
     """
     batches, m, k = a.shape
     n = b.shape[2]
@@ -251,7 +253,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     elif dynamic:
         grid = devices.num_compute_units(device)  # programs that find no unit exit at once
     else:
-        grid = min(devices.num_compute_units(device), tiles * config.split_k)
+        grid = min(max_programs or devices.num_compute_units(device), tiles * config.split_k)
     if num_shards < 1 or grid < 1:
         raise ValueError(f"need num_shards >= 1 and num_programs >= 1, got {num_shards}, {grid}")
     schedule = knobs.schedule
