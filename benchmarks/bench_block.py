@@ -18,20 +18,10 @@ import torch.nn.functional as F
 import triton
 
 import tritonblas_ops
+from benchmarks.models import RMSNorm
 from tritonblas_ops import settings
 
 BATCH, SEQ, HIDDEN, HEADS, FFN = 4, 512, 2048, 16, 5632
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
 
 
 class LlamaBlock(torch.nn.Module):
