@@ -27,7 +27,8 @@ class sm_budget:
 
     Read when a GEMM launches: eager calls of the ops and routed GEMMs of the op form (the
     default) follow the budget in force at the call, with no recompilation. The inline
-    form's grid is fixed when its graph is compiled."""
+    form's grid is fixed when its graph is compiled, and a CUDA graph replays the grid it
+    captured."""
 
     def __init__(self, programs: int | None):
         if programs is not None and (type(programs) is not int or programs < 1):
