@@ -14,6 +14,8 @@ import pathlib
 import torch
 from triton.runtime.errors import OutOfResources
 
+import tritonblas_ops
+
 from benchmarks import contention, corpus, measure, overhead, report, results
 from benchmarks.providers import parse_config, providers
 
@@ -30,6 +32,9 @@ ROW_MAJOR, K_MAJOR = "row-major", "k-major"
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     torch.manual_seed(0)
+    if args.batch_invariant:
+        tritonblas_ops.batch_invariant(True)
+    args.batch_invariant = tritonblas_ops.is_batch_invariant()  # the environment's, too: in the metadata
     device = torch.device("cpu") if args.smoke else torch.device("cuda", torch.cuda.current_device())
     dtype = DTYPES[args.dtype]
     if dtype == torch.float32 and device.type == "cuda":
@@ -199,6 +204,8 @@ def _parse(argv):
                         help="also time work stealing with these forced tile configs, e.g. "
                              "128x256x64w8s3k1,64x128x64w4s4k4 (rows ws_<config>)")
     parser.add_argument("--inductor", action="store_true", help="add Inductor max-autotune (slow: compiles per shape)")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="ws and static in batch-invariant mode (tritonblas_ops.batch_invariant)")
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="GPU warmup per timed provider and shape")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="GPU time spent timing each provider and shape")
     parser.add_argument("--out", type=pathlib.Path, help="CSV to append rows to (metadata to the .json beside it)")

@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+import tritonblas_ops
+
 from benchmarks import bench, corpus, measure, overhead
 from benchmarks.providers import config_name, parse_config
 
@@ -33,6 +35,16 @@ def test_k_major_b_is_passed_as_nn_linear_passes_its_weight(tmp_path):
     assert rows and all(float(row["rel_err"]) <= measure.TOLERANCE[torch.float32] for row in rows)
     # The CSV's columns stay the same; the run's metadata says how B was laid out.
     assert json.loads(out.with_suffix(".json").read_text())[-1]["args"]["b_layout"] == "k-major"
+
+
+def test_batch_invariant_runs_are_marked_in_the_metadata(tmp_path):
+    out = tmp_path / "invariant.csv"
+    try:
+        bench.main(["--smoke", "--batch-invariant", "--out", str(out)])
+    finally:
+        tritonblas_ops.batch_invariant(False)
+    assert json.loads(out.with_suffix(".json").read_text())[-1]["args"]["batch_invariant"]
+    assert all(float(row["rel_err"]) <= measure.TOLERANCE[torch.bfloat16] for row in csv.DictReader(out.open()))
 
 
 def test_config_names_round_trip_and_bad_ones_are_refused():
