@@ -276,6 +276,9 @@ def measure(name: str, shape: Shape, step: str, graphs: bool, args, env) -> list
     """Rows of every variant and every --held value: the variants compiled once."""
     device = torch.device("cpu") if args.smoke else torch.device("cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
+    # Earlier cases' compiled entries would count against the recompile limit of the blocks'
+    # shared forward code (past it torch.compile runs the frame eagerly): start afresh.
+    torch._dynamo.reset()
     model = build(name, shape, dtype, device)
     x = torch.randn(shape.batch, shape.seq, shape.hidden, device=device, dtype=dtype)
     grad = torch.randn_like(x)
@@ -383,8 +386,10 @@ def main(argv: list[str] | None = None) -> None:
         args.models = [m for m in args.models if m in SMOKE_MODELS]
         args.graphs, args.held = ["off"], [0]
         tritonblas_ops.route_cpu(True)
-    # One compiled entry per variant, graph mode and grad mode for each model's forward.
+    # One compiled entry per variant of a case, all kept (measure() resets between cases).
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    # Past the limit torch.compile would run a variant eagerly and this would time that.
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
 
     device = torch.device("cpu") if args.smoke else torch.device("cuda", torch.cuda.current_device())
     env = results.environment(device, vars(args))
