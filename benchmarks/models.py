@@ -389,7 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     # One compiled entry per variant of a case, all kept (measure() resets between cases).
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     # Past the limit torch.compile would run a variant eagerly and this would time that.
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
 
     device = torch.device("cpu") if args.smoke else torch.device("cuda", torch.cuda.current_device())
     env = results.environment(device, vars(args))
