@@ -57,6 +57,7 @@ COPY_ROW_BYTES = 128
 # GEMM), whatever M is: the same for every M, and the one big GEMMs run with anyway.
 BATCH_INVARIANT_M = 4096
 
+
 @dataclasses.dataclass(frozen=True)
 class Operand:
     """What planning needs of a (B, rows, cols) operand (or of a bias: see bias()). Sizes
