@@ -27,8 +27,8 @@ hog did not cover is redone longer. Rows: per-step milliseconds (p20 / p50 / p80
 trials), the ratio to `default` (above 1: faster), the kernels one step launches (counted by
 the profiler; of them, work-stealing GEMMs; their names go to the run's metadata, the JSON
 beside the CSV), and the output's relative error against `default`'s (0 where every
-kernel's bits agree: bf16 GEMMs that sum K in the same order round alike). --smoke runs tiny fp32 models on the CPU (routing through Triton's interpreter):
-the plumbing only.
+kernel's bits agree). --smoke runs tiny fp32 models on the CPU (routing through Triton's
+interpreter): the plumbing only.
 """
 
 import argparse
