@@ -35,15 +35,15 @@ import argparse
 import collections
 import dataclasses
 import pathlib
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
 import tritonblas_ops
-from benchmarks import results, sm_hog
+from benchmarks import measure, results, sm_hog
 from tritonblas_ops import settings
+from tritonblas_ops.testing import rel_error
 
 try:
     from tqdm import tqdm
@@ -267,12 +267,7 @@ def kernel_names(step) -> dict[str, int]:
     return dict(collections.Counter(names))
 
 
-def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
-    out, reference = out.double(), reference.double()
-    return ((out - reference).norm() / reference.norm()).item()
-
-
-def measure(name: str, shape: Shape, step: str, graphs: bool, args, env) -> list[ModelRow]:
+def measure_case(name: str, shape: Shape, step: str, graphs: bool, args, env) -> list[ModelRow]:
     """Rows of every variant and every --held value: the variants compiled once."""
     device = torch.device("cpu") if args.smoke else torch.device("cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
@@ -334,24 +329,20 @@ def _trials(steps: dict, held: int, unheld: dict, streams, args, env, name: str)
 def _rows(times, counts, outputs, reference, name, step, graphs, held, args, env) -> list[ModelRow]:
     rows = []
     for variant, samples in times.items():
-        samples = sorted(samples)
+        p20, p50, p80 = measure.quantiles(samples)
         kernels, ws_kernels = counts[variant]
         rows.append(ModelRow(
             timestamp=env["timestamp"], gpu=env["gpu"], num_sms=env["num_sms"], torch=env["torch"],
             triton=env["triton"], cuda=env["cuda"], model=name, step=step, variant=variant,
             cuda_graphs=graphs, held_sms=held, steps_per_trial=args.steps_per_trial,
-            p20_ms=_quantile(samples, 0.2), p50_ms=statistics.median(samples), p80_ms=_quantile(samples, 0.8),
+            p20_ms=p20, p50_ms=p50, p80_ms=p80,
             kernels_per_step=kernels, ws_kernels_per_step=ws_kernels,
-            rel_err=relative_error(outputs[variant], reference) if reference is not None else None,
+            rel_err=rel_error(outputs[variant], reference) if reference is not None else None,
         ))
     base = next((r.p50_ms for r in rows if r.variant == "default"), None)
     for r in rows:
         r.vs_default = base / r.p50_ms if base else None
     return rows
-
-
-def _quantile(samples: list[float], q: float) -> float:
-    return samples[min(len(samples) - 1, int(q * len(samples)))]
 
 
 # ---------------------------------------------------------------------------------------
@@ -386,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         args.models = [m for m in args.models if m in SMOKE_MODELS]
         args.graphs, args.held = ["off"], [0]
         tritonblas_ops.route_cpu(True)
-    # One compiled entry per variant of a case, all kept (measure() resets between cases).
+    # One compiled entry per variant of a case, all kept (measure_case() resets between cases).
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     # Past the limit torch.compile would run a variant eagerly and this would time that.
     if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
@@ -395,13 +386,12 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cpu") if args.smoke else torch.device("cuda", torch.cuda.current_device())
     env = results.environment(device, vars(args))
     print(f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['timestamp']}")
+    shapes = SMOKE_MODELS if args.smoke else MODELS
     cases = [(name, step, graphs == "on") for name in args.models for step in args.steps
-             for graphs in args.graphs
-             if not (step == "train" and (SMOKE_MODELS if args.smoke else MODELS)[name].cache)]
+             for graphs in args.graphs if not (step == "train" and shapes[name].cache)]
     rows = []
     for name, step, graphs in tqdm(cases, unit="case"):
-        shape = (SMOKE_MODELS if args.smoke else MODELS)[name]
-        rows += measure(name, shape, step, graphs, args, env)
+        rows += measure_case(name, shapes[name], step, graphs, args, env)
     print(table(rows))
     if args.out:
         results.append(args.out, rows, env)
