@@ -182,7 +182,7 @@ def backend(variant: str, graphs: bool):
     return compile_variant
 
 
-def step_fn(compiled, x, grad, step: str, graphs: bool):
+def step_fn(model, compiled, x, grad, step: str, graphs: bool):
     def forward():
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -192,6 +192,10 @@ def step_fn(compiled, x, grad, step: str, graphs: bool):
     def train():
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
+        # As a training loop's zero_grad after its optimizer step: under CUDA graphs a
+        # parameter's .grad is the previous replay's output, overwritten by this one, so
+        # backward must not accumulate into it.
+        model.zero_grad(set_to_none=True)
         out = compiled(x)
         out.backward(grad)
         return out
@@ -280,7 +284,7 @@ def measure_case(name: str, shape: Shape, step: str, graphs: bool, args, env) ->
     steps, outputs = {}, {}
     for variant in args.variants:
         compiled = torch.compile(model, backend=backend(variant, graphs))
-        steps[variant] = step_fn(compiled, x, grad, step, graphs)
+        steps[variant] = step_fn(model, compiled, x, grad, step, graphs)
         for _ in range(3):  # compiles (the backward at the first .backward()) and warms up
             out = steps[variant]()
         outputs[variant] = out.detach().clone()
