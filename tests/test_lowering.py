@@ -28,6 +28,7 @@ from torch.testing import FileCheck
 
 import tritonblas_ops
 from tritonblas_ops import _compat, settings
+from tritonblas_ops import device as devices
 from tritonblas_ops import lowering as R
 from tritonblas_ops.settings import RoutingSettings
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, rel_error
@@ -436,6 +437,49 @@ def test_inline_code_generation(dynamic):
     assert warning.call_count == 0
 
 
+def planned_tma(code: str) -> list[tuple[bool, bool]]:
+    """(USE_TMA, TMA_STORE) of each inline kernel a generated module defines."""
+    loads = re.findall(r"'USE_TMA': (True|False)", code)
+    stores = re.findall(r"'TMA_STORE': (True|False)", code)
+    return [(load == "True", store == "True") for load, store in zip(loads, stores)]
+
+
+def test_inline_uses_tma_where_inductor_keeps_operands_aligned():
+    """Tensor descriptors need 16-byte aligned bases: buffers Inductor allocates are, and so
+    are views of them at a multiple of 16 bytes; a view one element in is not (pointer
+    loads). (On the CPU Inductor counts graph inputs unaligned: it checks only GPU inputs'
+    alignment at run time, tested on the GPU; so here the operands are intermediates.)"""
+    settings.update(path="inline", cpu=True, inline_cpu=True)
+
+    def fn(x, y):
+        return (x + 1) @ (y + 1), (x + 2)[:, 1:] @ (y + 2)[1:], (x + 3)[:, 4:] @ (y + 3)[4:]
+
+    with torch.no_grad(), mock.patch.object(devices, "has_tma", lambda device: True):
+        code = generated_code_only(fn, randn(16, 32), randn(32, 16))
+    assert planned_tma(code) == [(True, True), (False, False), (True, True)]
+
+
+def test_inline_gemms_of_a_graph_share_one_counter_buffer(m_dependent_tiles):
+    """Every launch leaves its counters at zero, so a graph's routed GEMMs take one zeroed
+    buffer (one fill per graph, not per GEMM), in program order; a split-K GEMM, which needs
+    more counters (its tiles' arrivals), starts a larger one that later GEMMs share."""
+    settings.update(path="inline", cpu=True, inline_cpu=True)
+
+    def fn(x, w, v):
+        h = (x @ w).relu()  # 40 rows: one K slice
+        return h @ v, h[:16] @ v, (h @ v).relu() @ w  # 16 rows: a K split of 2
+
+    with torch.no_grad():
+        code = generated_code_only(fn, randn(40, 32), randn(32, 32), randn(32, 32))
+    views = re.sub(r"reinterpret_tensor\((\w+), \([^)]*\), \([^)]*\), \w+\)", r"\1", code)
+    launches = re.findall(r"\bws_matmul_kernel_\d+\.run\(([^)]*)\)", views)
+    counters = [args.split(", ")[4] for args in launches]  # the kernel's fifth argument
+    assert len(counters) == 5
+    first, split_k = counters[0], counters[2]
+    assert counters == [first, first, split_k, split_k, split_k] and split_k != first
+    assert len(re.findall(r"torch\.int32\)", code)) == 2  # the two counter buffers
+
+
 def test_inline_without_a_product_launches_nothing():
     """alpha = 0 (and K = 0): as the op, beta * bias, no kernel launched."""
     settings.update(path="inline", cpu=True, inline_cpu=True)
@@ -513,6 +557,49 @@ def test_gpu_inline_is_bitwise_the_op(case, dtype):
     assert routed_calls(code) == ([] if alpha == 0 else ["ws_matmul_kernel"])
     want = torch.ops.tritonblas.ws_addmm(bias, a, b, beta=beta, alpha=alpha)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_inline_gemms_sharing_counters_are_bitwise_the_op():
+    """One graph: GEMMs of one K slice, a split-K one (its arrivals need a larger counter
+    buffer), and more after it on that buffer: each left the counters at zero for the next."""
+    settings.update(path="inline")
+    x, w = randn(256, 32768, dtype=torch.bfloat16, device="cuda"), randn(32768, 512, dtype=torch.bfloat16, device="cuda")
+    v = randn(512, 512, dtype=torch.bfloat16, device="cuda")
+
+    def fn(x, w, v):
+        h = x[:, :512] @ v
+        k_heavy = x @ w
+        return h, k_heavy, k_heavy @ v, (h @ v) @ v
+
+    outs, code = compile_and_run(fn, x, w, v)
+    assert routed_calls(code) == ["ws_matmul_kernel"] * 5
+    mm = torch.ops.tritonblas.ws_mm
+    h = mm(x[:, :512], v)
+    wants = [h, mm(x, w), mm(mm(x, w), v), mm(mm(h, v), v)]
+    for out, want in zip(outs, wants):
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_inline_tma_and_a_misaligned_input():
+    """Compiled for aligned inputs, the inline kernel reads them with tensor descriptors;
+    called later with an input one element off alignment, Inductor copies it first (its
+    run-time check of GPU inputs), and the result is still the op's."""
+    settings.update(path="inline")
+    a, b = randn(300, 256, dtype=torch.bfloat16, device="cuda"), randn(256, 200, dtype=torch.bfloat16, device="cuda")
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(torch.mm, backend=counter)
+    out, codes = run_and_get_code(torch.compile(torch.mm), a, b)
+    assert planned_tma("\n".join(codes)) == [(True, True)]
+    assert torch.equal(out, torch.ops.tritonblas.ws_mm(a, b))
+
+    storage = randn(300 * 256 + 1, dtype=torch.bfloat16, device="cuda")
+    shifted = storage[1:].view(300, 256)
+    assert shifted.data_ptr() % 16 != 0
+    for x in (a, shifted):
+        torch.testing.assert_close(compiled(x, b), torch.ops.tritonblas.ws_mm(x, b), rtol=0, atol=0)
+    assert counter.frame_count == 1  # the shifted input ran the aligned compile
 
 
 @pytest.mark.gpu

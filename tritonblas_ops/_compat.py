@@ -9,6 +9,7 @@ import inspect
 from torch._inductor import config as inductor_config
 from torch._inductor import custom_graph_pass
 from torch._inductor import ir
+from torch._inductor.virtualized import V
 
 # torch 2.13 lets a post-grad pass slot hold a list of passes (and calls, keys and checks
 # each); torch 2.11 holds one pass. Detected by the helper that reads such a list.
@@ -67,3 +68,20 @@ def user_defined_triton_kernel(**kwargs) -> ir.UserDefinedTritonKernel:
     if _LAUNCH_KWARGS:
         kwargs.setdefault("launch_kwargs", ())
     return ir.UserDefinedTritonKernel(**kwargs)
+
+
+
+def inductor_buffer_aligned(name: str) -> bool:
+    """Whether Inductor holds buffer `name`'s base address 16-byte aligned while the graph
+    runs: the rule its own Triton kernels follow (Note: [Input Alignment handling in
+    Inductor]; torch 2.13's codegen.triton_utils.is_unaligned_buffer_name, which 2.11 lacks
+    under that name). A graph input whose example was aligned is copied at run time if a
+    later one is not; constants and the buffers Inductor allocates are aligned; a buffer
+    laid out inside another's storage (NonOwningLayout) may not be, and counts as not."""
+    graph = V.graph
+    if name in graph.unaligned_buffers:
+        return False
+    if name in graph.graph_inputs or name in graph.constants:
+        return True
+    buffer = graph.get_buffer(name)
+    return buffer is not None and not isinstance(buffer.get_layout(), ir.NonOwningLayout)

@@ -16,10 +16,13 @@ A routed GEMM becomes one of two things (settings' `path`):
   and pays the op's host time per GEMM.
 - "inline": the kernel itself, a user-defined Triton kernel in the generated code, launched
   as plan.py plans it for the operands' layouts, with Inductor allocating the output, the
-  zeroed counters and the split-K workspace as its own buffers: no Python op call per GEMM.
-  For static shapes the plan is the eager op's, so results are bitwise the op's; it uses
-  pointer loads (TMA needs the operands' base alignment, which the lowering cannot see
-  without a guard), and with symbolic sizes one program per SM and whole-K tiles.
+  zeroed counters (one buffer for all GEMMs of a graph) and the split-K workspace as its own
+  buffers: no Python op call per GEMM.
+  For static shapes the plan is the eager op's, so results are bitwise the op's. Operands
+  move by TMA (descriptors made by the programs) where Inductor keeps their bases 16-byte
+  aligned: buffers it allocates, and graph inputs whose example was aligned (Inductor
+  copies a later misaligned one before the call), at offsets known to keep that; by
+  pointer loads otherwise. With symbolic sizes: one program per SM and whole-K tiles.
 CPU tensors (only with settings' `cpu`, for tests and demos) take the opaque call, whose op
 runs the kernel through Triton's interpreter: the inline kernel needs a device Triton
 compiles for.
@@ -38,7 +41,9 @@ GEMMs, which are other ops.
 import functools
 import importlib.metadata
 import pathlib
+import threading
 import warnings
+import weakref
 
 import sympy
 import torch
@@ -151,8 +156,13 @@ def _fixed_layout(x):
 
 
 def _operand(x, element_size: int) -> Operand:
-    """The Operand of an IR node, its base alignment unknown."""
-    return Operand.of_layout(x.get_size(), x.get_stride(), element_size, None)
+    """The Operand of a realized IR node: its base is aligned where Inductor keeps the
+    buffer aligned and the view's offset is known to keep it so."""
+    aligned = _compat.inductor_buffer_aligned(x.get_name())
+    if aligned:
+        offset = x.get_layout().offset * element_size
+        aligned = V.graph.sizevars.statically_known_multiple_of(offset, 16)
+    return Operand.of_layout(x.get_size(), x.get_stride(), element_size, aligned)
 
 
 def _emit_inline(a, b, bias, alpha: float, beta: float):
@@ -188,7 +198,7 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
     a = _copied(a, the_plan.copy_a, planned_a)
     b = _copied(b, the_plan.copy_b, planned_b)
     c = inductor_lowering.empty_strided(out_shape, None, dtype=dtype, device=device)
-    counters = L[aten.full.default]([the_plan.queue.numel], 0, dtype=torch.int32, device=device)
+    counters = _shared_counters(the_plan.queue.numel, device)
     partials = (inductor_lowering.empty_strided([the_plan.partials_numel], None, dtype=torch.float32,
                                                 device=device)
                 if the_plan.partials_numel else None)
@@ -205,6 +215,25 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
                                        counters, partials, (None, None, None), alpha, beta),
     )
     return c
+
+
+_graph_counters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> {device: buffer}
+_graph_counters_lock = threading.Lock()
+
+
+def _shared_counters(numel: int, device: torch.device):
+    """Zeroed int32 counters for a routed GEMM of the graph being lowered. Every launch
+    leaves its counters at zero (scheduler.py), and the graph's kernels run one after
+    another on its stream, so its GEMMs share one buffer, zeroed once per run of the graph
+    (under CUDA graphs, per replay) rather than by a fill kernel per GEMM. A GEMM that
+    needs more counters than the shared buffer has (split-K's arrivals) starts a larger one,
+    shared from there on. Inductor orders the kernels by their writes to it."""
+    with _graph_counters_lock:
+        shared = _graph_counters.setdefault(V.graph, {})
+        if device not in shared or shared[device].get_numel() < numel:
+            zeros = L[aten.full.default]([numel], 0, dtype=torch.int32, device=device)
+            shared[device] = _fixed_layout(zeros)
+        return shared[device]
 
 
 def _copied(x, copy: OperandCopy, planned_stride: tuple):
