@@ -1,13 +1,21 @@
 """SM budgets (tritonblas_ops/budget.py): the grid a launch runs under sm_budget and torch's
-SM carve-out, read at each launch; results independent of it (the interpreter on CPU)."""
+SM carve-out, read at each launch, and programs leaving a running launch under a
+LiveBudget; results independent of both (the interpreter on CPU)."""
+
+import collections
+import contextlib
 
 import pytest
 import torch
 
 import tritonblas_ops
-from tritonblas_ops import budget, launch
+from tritonblas_ops import budget, interpreter, launch
 from tritonblas_ops import device as devices
-from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
+from tritonblas_ops import kernel as kernel_module
+from tritonblas_ops.config import TileConfig
+from tritonblas_ops.kernel import ws_matmul_kernel
+from tritonblas_ops.plan import Schedule
+from tritonblas_ops.testing import REL_TOLERANCE, assert_every_unit_computed_once, assert_matches, matmul_ref
 
 pytestmark = pytest.mark.usefixtures("poison_empty")
 
@@ -89,3 +97,91 @@ def test_compiled_op_calls_follow_the_budget_without_recompiling():
         assert sorted({p.grid for p in launch.cached_plans()}) == [2, devices.INTERPRETER_PROGRAMS]
     finally:
         tritonblas_ops.route_cpu(False)
+
+
+# ---------------------------------------------------------------------------------------
+# The live budget: programs leaving mid-launch (the interpreter, scripted)
+# ---------------------------------------------------------------------------------------
+
+
+class _ScriptedDepartures:
+    """Stands in for the kernel's `_leaving` in interpreted launches: program p leaves at
+    its (script[p] + 1)-th claim, that is after script[p] claims (None: it never leaves).
+    The interpreter runs the programs one after another, so a real budget lowered
+    mid-launch cannot be timed there; the script decides instead, for every program."""
+
+    def __init__(self, script: dict):
+        self.script = script
+        self.asked = collections.Counter()
+
+    def rewrite(self):
+        def leaving(budget_ptr, pid):
+            pid = int(pid.handle.data.item())
+            self.asked[pid] += 1
+            stays_for = self.script.get(pid)
+            return stays_for is not None and self.asked[pid] > stays_for
+        return leaving
+
+
+@contextlib.contextmanager
+def scripted_departures(script: dict):
+    helpers = interpreter.interpreted(ws_matmul_kernel)._helpers
+    key = id(kernel_module._leaving)
+    before = helpers.get(key)
+    helpers[key] = departures = _ScriptedDepartures(script)
+    try:
+        with tritonblas_ops.LiveBudget("cpu"):
+            yield departures
+    finally:
+        if before is None:
+            helpers.pop(key, None)
+        else:
+            helpers[key] = before
+
+
+# program -> claims before it leaves (None: stays); the interpreter runs program 0 first,
+# so the last program must stay to drain what the others left (on a GPU, program 0 stays).
+DEPARTURE_SCRIPTS = {
+    "some leave after a few units": {0: 2, 1: 0, 2: 5, 3: None},
+    "all but one leave at once": {0: 0, 1: 0, 2: 0, 3: None},
+    "the first does everything, the rest leave: a departure resets the counters": {0: None, 1: 0, 2: 0, 3: 0},
+    "leaving in the split-K sums": {0: 7, 1: 9, 2: 11, 3: None},
+}
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("script", list(DEPARTURE_SCRIPTS))
+def test_live_budget_programs_leave_and_the_others_finish(script, split_k):
+    """Whatever programs leave when: every unit once (its counter), the right result, the
+    counters zero after (twice on one buffer), and the bits of a launch without a budget."""
+    a, b = torch.randn(1, 70, 48), torch.randn(1, 48, 50)
+    config = TileConfig(16, 16, 16, num_warps=4, num_stages=1, split_k=split_k)
+    free = tritonblas_ops.ws_matmul(a[0], b[0], config=config, num_shards=2, num_programs=4)
+    with scripted_departures(DEPARTURE_SCRIPTS[script]) as departures:
+        assert_every_unit_computed_once(a, b, config, num_shards=2, num_programs=4,
+                                        schedule=Schedule.WORK_STEALING, tolerance=1e-5)
+        budgeted = tritonblas_ops.ws_matmul(a[0], b[0], config=config, num_shards=2, num_programs=4)
+    assert departures.asked[3] > 0  # the script ran
+    assert torch.equal(budgeted, free)
+
+
+def test_live_budget_is_read_by_launches_inside_its_block_only():
+    a, b = torch.randn(40, 24), torch.randn(24, 32)
+    tritonblas_ops.ws_matmul(a, b)
+    assert launch.cached_plans()[-1].live_budget is None
+    live = tritonblas_ops.LiveBudget("cpu")
+    with live:
+        with pytest.raises(RuntimeError, match="already in use"):
+            with tritonblas_ops.LiveBudget("cpu"):
+                pass
+        live.lower(1)
+        torch.testing.assert_close(tritonblas_ops.ws_matmul(a, b), a @ b)
+        assert launch.cached_plans()[-1].live_budget is live.word
+        assert live.word.item() == 1
+        live.restore()
+        assert live.word.item() == budget.UNLIMITED
+    tritonblas_ops.ws_matmul(a, b)
+    assert launch.cached_plans()[-1].live_budget is None
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="one program must stay"):
+            live.lower(bad)

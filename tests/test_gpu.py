@@ -529,3 +529,29 @@ def test_sm_budget_and_carveout_change_the_grid_not_the_bits(m, n, k):
     planned = min(units, max(grids))
     assert grids == {planned, min(planned, 66), min(planned, units - 16)}
     assert_matches(free, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.usefixtures("unchecked")  # checked launches synchronize around each launch
+@pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (256, 512, 32768), (16, 14336, 4096)])
+def test_live_budget_lowered_mid_launch_keeps_the_bits(m, n, k):
+    """A LiveBudget lowered from another stream while GEMMs run (a 4-byte copy, no SM):
+    programs leave mid-launch, the rest finish; every result is the unbudgeted one's bits,
+    and launches after it (counters reset by departures too) are right."""
+    a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
+    free = torch.ops.tritonblas.ws_mm(a, b)
+    side = torch.cuda.Stream()
+    live = tritonblas_ops.LiveBudget()
+    with live:
+        for programs in (1, 16, 100, 131):
+            outs = [torch.ops.tritonblas.ws_mm(a, b) for _ in range(4)]  # queued: runs for a while
+            live.lower(programs, side)
+            outs += [torch.ops.tritonblas.ws_mm(a, b) for _ in range(2)]  # start under the budget
+            live.restore(side)
+            torch.cuda.synchronize()
+            for out in outs:
+                assert torch.equal(out, free), programs
+    assert any(p.live_budget is live.word for p in launch.cached_plans())
+    tritonblas_ops.set_checked(True)  # the counters read back: all zero before and after
+    assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), free)
+    assert_matches(free, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])

@@ -3,7 +3,7 @@
 from tritonblas_ops import distributed as _distributed
 from tritonblas_ops import lowering as _lowering
 from tritonblas_ops import ops  # noqa: F401  (registers torch.ops.tritonblas.*)
-from tritonblas_ops.budget import get_sm_budget, sm_budget
+from tritonblas_ops.budget import LiveBudget, get_sm_budget, sm_budget
 from tritonblas_ops.config import TileConfig
 from tritonblas_ops.launch import is_checked, set_checked, ws_matmul
 from tritonblas_ops.plan import Schedule
@@ -23,7 +23,7 @@ _lowering.install()  # torch.compile routes eligible GEMMs from here on (lowerin
 _distributed.register()  # DTensor sharding rules for the ops (distributed.py)
 
 __all__ = [
-    "Schedule", "TileConfig", "batch_invariant", "disable", "enable", "get_policy",
+    "LiveBudget", "Schedule", "TileConfig", "batch_invariant", "disable", "enable", "get_policy",
     "get_sm_budget", "is_batch_invariant", "is_checked", "is_enabled", "route_cpu", "routing",
     "set_checked", "set_policy", "sm_budget", "ws_matmul",
 ]

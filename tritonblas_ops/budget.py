@@ -1,11 +1,16 @@
-"""SM budgets: how many programs (one per SM) a launch may run, read at every launch.
+"""SM budgets: how many programs (one per SM) a launch may run.
 
 Work stealing makes any grid correct: every tile is computed exactly once by whichever
-programs run. So a caller can leave SMs to other work (a collective, another model) by
-capping the grid: `sm_budget(n)` for a call or a scope, or torch's own SM carve-out
-(`torch._C._set_sm_carveout_experimental`, which cuBLAS honours too). The tile choice does
-not depend on the budget, so neither do the results: only the grid (and, below a wave, the
-schedule) changes.
+programs run. So a caller can leave SMs to other work (a collective, another model):
+- before a launch, by capping its grid: `sm_budget(n)` for a call or a scope, or torch's
+  own SM carve-out (`torch._C._set_sm_carveout_experimental`, which cuBLAS honours too),
+  read at every launch;
+- while GEMMs run, with a `LiveBudget`: a word in device memory that the programs of every
+  ws launch on its device read between work units; programs at or above it finish the
+  unit they hold and leave, and the others take over their work. Lowering it is a
+  one-int copy on any stream, which needs no SM.
+The tile choice depends on neither, so neither do the results: only the grid, the
+programs that stay and (below a wave) the schedule change.
 """
 
 import threading
@@ -50,9 +55,96 @@ def get_sm_budget() -> int | None:
     return _budget
 
 
+# Any budget at or above every grid: no program leaves.
+UNLIMITED = 2**31 - 1
+
+_live: dict[int, "LiveBudget"] = {}  # device index -> the LiveBudget its launches read
+_live_version = 0  # changes at every attach and detach (part of a cached plan's key)
+
+
+class LiveBudget:
+    """A budget in device memory that running GEMMs follow: programs of a ws launch whose
+    index is at or above it finish the work unit they hold (one tile, or one K slice or
+    sum of one) and leave; the others compute what they would have. Inside `with budget:`
+    every ws launch on its device (eager, the op form of routed GEMMs, and launches captured
+    in CUDA graphs then, whenever they replay) reads it; one LiveBudget per device at a time.
+
+        budget = tritonblas_ops.LiveBudget()          # the current CUDA device
+        with budget:
+            y = model(x)                              # GEMMs queued on the compute stream
+            with torch.cuda.stream(comm_stream):
+                budget.lower(132 - 16, comm_stream)   # 16 SMs free within about a tile's time
+                dist.all_reduce(grads)                # ... for the collective launched behind it
+                budget.restore(comm_stream)           # launches from here on run all programs
+
+    lower() and restore() are a 4-byte copy from pinned host memory on `stream` (a copy
+    engine's work, no SM). Programs only leave: raising the budget reaches launches that
+    start after it, not those running. Results are bitwise those without a budget, whatever
+    it did. Launches compiled into Inductor's code (the inline routing form) do not read it.
+    """
+
+    def __init__(self, device: torch.device | str | int | None = None):
+        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.word = torch.full((1,), UNLIMITED, dtype=torch.int32, device=device)
+        self._host: dict[int, torch.Tensor] = {}  # value -> its pinned copy, kept while queued copies may read it
+        self._host_lock = threading.Lock()
+
+    def lower(self, programs: int, stream: "torch.cuda.Stream | None" = None) -> None:
+        """Programs at or above `programs` (>= 1) leave after their current unit: on `stream`
+        (the current one if None), in its order."""
+        if type(programs) is not int or programs < 1:
+            raise ValueError(f"LiveBudget.lower takes an int >= 1 (one program must stay), got {programs!r}")
+        self._write(min(programs, UNLIMITED), stream)
+
+    def restore(self, stream: "torch.cuda.Stream | None" = None) -> None:
+        """No limit for launches that start after this write on `stream`."""
+        self._write(UNLIMITED, stream)
+
+    def _write(self, value: int, stream) -> None:
+        if self.device.type != "cuda":
+            self.word.fill_(value)  # CPU (the interpreter's tests): synchronous
+            return
+        with self._host_lock:
+            host = self._host.get(value)
+            if host is None:
+                host = self._host[value] = torch.full((1,), value, dtype=torch.int32).pin_memory()
+        with torch.cuda.stream(stream or torch.cuda.current_stream(self.device)):
+            self.word.copy_(host, non_blocking=True)
+
+    def __enter__(self) -> "LiveBudget":
+        global _live_version
+        index = _index(self.device)
+        with _lock:
+            if index in _live:
+                raise RuntimeError(f"a LiveBudget is already in use on {self.device}")
+            _live[index] = self
+            _live_version += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _live_version
+        with _lock:
+            _live.pop(_index(self.device), None)
+            _live_version += 1
+
+
+def _index(device: torch.device):
+    return device.index if device.type == "cuda" else device.type
+
+
+def live_budget_word(device: torch.device) -> torch.Tensor | None:
+    """The word of the LiveBudget in use on `device`, or None."""
+    live = _live.get(_index(device))
+    return live.word if live is not None else None
+
+
 def key() -> tuple:
-    """What program_limit depends on besides the device (part of a cached plan's key)."""
-    return _budget, _carveout()
+    """What program_limit and live_budget_word depend on besides the device (part of a
+    cached plan's key)."""
+    return _budget, _carveout(), _live_version
 
 
 def program_limit(device: torch.device) -> int:

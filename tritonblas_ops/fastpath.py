@@ -48,7 +48,7 @@ else:
 # ---------------------------------------------------------------------------------------
 
 # The tensors a cached launch passes, in this order; each descriptor describes one of them.
-POINTERS = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "counters_ptr", "partials_ptr")
+POINTERS = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "counters_ptr", "partials_ptr", "budget_ptr")
 DESCRIBED = {f"{t}_desc": POINTERS.index(f"{t}_ptr") for t in "abc"}
 DIRECT_LAUNCH_TRITON = "3.6."  # the launcher DirectLaunch builds arguments for
 ENCODED_PER_SLOT = 8  # descriptors kept per operand, by address (a weight's never changes)

@@ -60,29 +60,61 @@ def _shard_begin(shard, num_units, NUM_SHARDS: tl.constexpr):
 
 
 @triton.jit
-def _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_units, num_programs,
-                NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr):
-    """The next work unit for this program, or -1 once every shard is dry.
+def _leaving(budget_ptr, pid):
+    """Whether this program leaves now: under a live budget (a device word the host lowers
+    while GEMMs run, budget.LiveBudget), programs at or above it finish the unit they hold
+    and go; the others take over their work. Never without one."""
+    if budget_ptr is not None:
+        return pid >= tl.load(budget_ptr, volatile=True)
+    else:
+        return False
 
-    `dry_shards` counts the shards, from the home shard on, that this program has found
-    empty; it is carried between calls so no program asks an empty shard twice, and every
-    program asks every shard once after it ran dry. So the last claim a shard ever gets
-    returns its size + num_programs - 1, and its program resets the counter for the next
-    launch; a larger claim means the counter was not zero at launch (scheduler.py).
+
+@triton.jit
+def _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_units, num_programs, leaving,
+                budget_ptr, NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr):
+    """The next work unit for this program, or -1 once every shard is dry or it is leaving.
+
+    `dry_shards` counts the shards, from the home shard on, that this program is done with;
+    it is carried between calls so no program asks an empty shard twice. Every program ends
+    its business with every shard by exactly one terminal op: a claim that finds it dry, or,
+    for a program leaving under a live budget, a departure. So the last terminal op a shard
+    ever gets is its (num_programs)th, and its program resets the counter for the next
+    launch; a larger count means the counter was not zero at launch (scheduler.py).
+
+    Without a live budget a shard's counter is an int32 of claims. With one it is the int64
+    at the start of the shard's line: claims in the low half, departures in the high half,
+    so that one atomic sees both counts.
     """
     unit = -1
     while (unit < 0) & (dry_shards < NUM_SHARDS):
         shard = (home_shard + dry_shards) % NUM_SHARDS
         begin = _shard_begin(shard, num_units, NUM_SHARDS)
         size = _shard_begin(shard + 1, num_units, NUM_SHARDS) - begin
+        counter = counters_ptr + shard * COUNTER_STRIDE
         # Relaxed is enough: the counter only hands out indices, it guards no data.
-        claimed = tl.atomic_add(counters_ptr + shard * COUNTER_STRIDE, 1, sem="relaxed")
-        if claimed < size:
+        if budget_ptr is not None:
+            counter = counter.to(tl.pointer_type(tl.int64))
+            step = tl.where(leaving, 1 << 32, 1).to(tl.int64)
+            before = tl.atomic_add(counter, step, sem="relaxed")
+            claimed = (before & 0xFFFFFFFF).to(tl.int32)
+            departed = (before >> 32).to(tl.int32)
+            takes = (claimed < size) & (leaving == 0)
+        else:
+            claimed = tl.atomic_add(counter, 1, sem="relaxed")
+            departed = 0
+            takes = claimed < size
+        if takes:
             unit = begin + claimed
         else:
-            if claimed == size + num_programs - 1:
-                tl.store(counters_ptr + shard * COUNTER_STRIDE, 0)
-            if claimed >= size + num_programs:
+            # Terminal ops before this one: the claims that found the shard dry, departures.
+            terminal = tl.maximum(claimed - size, 0) + departed
+            if terminal == num_programs - 1:
+                if budget_ptr is not None:
+                    tl.store(counter, tl.zeros((), tl.int64))
+                else:
+                    tl.store(counter, 0)
+            if terminal >= num_programs:
                 tl.atomic_or(status_ptr, _CLAIM_OUT_OF_RANGE, sem="relaxed")
             dry_shards += 1
     return unit, dry_shards
@@ -243,6 +275,7 @@ def ws_matmul_kernel(
     counters_ptr,  # int32, WorkQueue.numel of them: zero at launch and left at zero
     partials_ptr,  # fp32 (tiles * SPLIT_K * BLOCK_M * BLOCK_N,) workspace, or None (SPLIT_K 1)
     unit_counts_ptr,  # int32 (tiles * SPLIT_K,) zeroed, or None: +1 per product unit done (tests)
+    budget_ptr,  # int32 (1,): a live budget (programs at or above it leave between units), or None
     # Under USE_TMA, A's and B's tensor descriptors built on the host (eager launches), or
     # None: each program makes them (traced launches, which have no data pointers yet).
     a_desc, b_desc,
@@ -294,8 +327,9 @@ def ws_matmul_kernel(
     home_shard = pid % NUM_SHARDS
     dry_shards = 0
     if WORK_STEALING:
+        leaving = _leaving(budget_ptr, pid)
         unit, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_units,
-                                       num_programs, NUM_SHARDS, COUNTER_STRIDE)
+                                       num_programs, leaving, budget_ptr, NUM_SHARDS, COUNTER_STRIDE)
     else:
         unit = tl.where(pid < num_units, pid, -1)
 
@@ -314,8 +348,9 @@ def ws_matmul_kernel(
         # The next unit is claimed before this one's epilogue, which hides the atomic's
         # round trip and holds the claim no longer than the epilogue lasts.
         if WORK_STEALING:
-            next_unit, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards,
-                                                num_units, num_programs, NUM_SHARDS, COUNTER_STRIDE)
+            leaving = _leaving(budget_ptr, pid)
+            next_unit, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_units,
+                                                num_programs, leaving, budget_ptr, NUM_SHARDS, COUNTER_STRIDE)
         else:
             next_unit = unit + num_programs
             next_unit = tl.where(next_unit < num_units, next_unit, -1)
@@ -352,8 +387,11 @@ def ws_matmul_kernel(
         parts_per_tile = BLOCK_M // SUM_ROWS
         num_sums = tiles_m * tiles_n * num_batches * parts_per_tile
         sums_dry = 0
+        # A program that left the products (or leaves now) leaves the sums too; the slices
+        # they wait for are all claimed by programs that stay or finish them before leaving.
+        leaving = _leaving(budget_ptr, pid)
         part, sums_dry = _claim_unit(sums_counter_ptr, status_ptr, 0, sums_dry, num_sums,
-                                     num_programs, 1, COUNTER_STRIDE)
+                                     num_programs, leaving, budget_ptr, 1, COUNTER_STRIDE)
         while part >= 0:
             tile = part // parts_per_tile
             row0 = (part % parts_per_tile) * SUM_ROWS
@@ -368,8 +406,9 @@ def ws_matmul_kernel(
             if arrived < SPLIT_K:
                 acc = tl.full((SUM_ROWS, BLOCK_N), float("nan"), tl.float32)
                 tl.atomic_or(status_ptr, _WAIT_TIMED_OUT, sem="relaxed")
+            leaving = _leaving(budget_ptr, pid)
             next_part, sums_dry = _claim_unit(sums_counter_ptr, status_ptr, 0, sums_dry, num_sums,
-                                              num_programs, 1, COUNTER_STRIDE)
+                                              num_programs, leaving, budget_ptr, 1, COUNTER_STRIDE)
             batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
             # Pointer stores: the C descriptor's box is a whole tile.
             _store_tile(

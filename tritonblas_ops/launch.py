@@ -99,6 +99,7 @@ def plan_for(a, b, bias, alpha: float, beta: float, knobs: Knobs = Knobs(), *,
         knobs=knobs, traced=traced, checked=_checked and not traced and not capturing,
         batch_invariant=settings.current().batch_invariant,
         max_programs=None if traced else budget.program_limit(a.device),
+        live_budget=None if traced else budget.live_budget_word(a.device),
         out=Operand.of(out, traced=traced) if out is not None else None,
     )
 
@@ -294,7 +295,7 @@ def _plan_key(a, b, bias, alpha, beta) -> tuple:
     """Everything a plan depends on besides the data: shapes, strides, dtype, device, the
     operands' 16-byte alignment (Triton specializes on it; so does the TMA choice), the
     bias's layout, the special values of alpha and beta, TF32, the shard setting, whether
-    the launch is checked, batch invariance, and the SM budget."""
+    the launch is checked, batch invariance, and the SM budgets (static and live)."""
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(),
             None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16),
             a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
@@ -326,7 +327,7 @@ def _launch_cached(cached: _Cached, a, b, bias, alpha: float, beta: float) -> to
     a_arg, b_arg, bias_arg, partials = operands(plan, a, b, bias)
     counters = counter_pool.zeroed(cached.counters_numel, device)
     cached.launch(plan.grid, fastpath.current_stream(device.index),
-                  (a_arg, b_arg, out, bias_arg, counters, partials), alpha, beta)
+                  (a_arg, b_arg, out, bias_arg, counters, partials, plan.live_budget), alpha, beta)
     return out
 
 

@@ -146,6 +146,9 @@ class LaunchPlan:
     partials_numel: int = 0
     max_spins: int = 0
     checked: bool = False
+    # int32 (1,) on the device: budget.LiveBudget's word, read by the programs between
+    # units (those at or above it leave), or None
+    live_budget: torch.Tensor | None = dataclasses.field(default=None, compare=False)
 
     def arguments(self, a, b, c, bias, counters, partials, descriptors, alpha, beta, *,
                   unit_counts=None, sizes=None, strides=None) -> dict:
@@ -159,7 +162,7 @@ class LaunchPlan:
         config = self.config
         return dict(
             a_ptr=a, b_ptr=b, c_ptr=c, bias_ptr=bias, counters_ptr=counters,
-            partials_ptr=partials, unit_counts_ptr=unit_counts,
+            partials_ptr=partials, unit_counts_ptr=unit_counts, budget_ptr=self.live_budget,
             a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
             M=m, N=n, K=k, num_batches=batches,
             stride_ab=stride_a[0], stride_am=stride_a[1], stride_ak=stride_a[2],
@@ -194,6 +197,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
          device: torch.device, alpha_zero: bool, beta_zero: bool, tf32: bool,
          knobs: Knobs = _DEFAULT_KNOBS, traced: bool = False, checked: bool = False,
          batch_invariant: bool = False, max_programs: int | None = None,
+         live_budget: torch.Tensor | None = None,
          hint: Callable = lambda size: size, dynamic: bool = False,
          fits_int32: Callable[[object], bool] | None = None, out: Operand | None = None) -> LaunchPlan:
     """The launch of alpha * a @ b + beta * bias for (B, M, K) and (B, K, N) operands (a 2-D
@@ -208,7 +212,9 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     element is summed in the same order whatever rows share the launch (a tile's rows are
     computed alike: the same K steps, the same MMAs, masked rows or not). max_programs: an
     SM budget (budget.py) capping the grid; the tile choice ignores it, so results do not
-    depend on it.
+    depend on it. live_budget: a LiveBudget's device word, which the programs read between
+    units (they leave at or above it): the launch then steals work whatever its size, since
+    a static schedule cannot lose programs.
     """
     batches, m, k = a.shape
     n = b.shape[2]
@@ -258,7 +264,9 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     if num_shards < 1 or grid < 1:
         raise ValueError(f"need num_shards >= 1 and num_programs >= 1, got {num_shards}, {grid}")
     schedule = knobs.schedule
-    if not dynamic and tiles * config.split_k <= grid and (
+    if live_budget is not None and schedule is Schedule.STATIC:
+        live_budget = None  # a forced static schedule (tests): its units are the programs'
+    if live_budget is None and not dynamic and tiles * config.split_k <= grid and (
             config.split_k == 1 or config.split_k * config.partial_bytes <= LAST_SLICE_SUM_MAX_BYTES):
         # One wave: each program has at most one unit, and one whose SM is held by other
         # work runs it as soon as a thief could have. Stealing would buy nothing and its
@@ -294,6 +302,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         if config.split_k > 1 else 0,
         max_spins=scheduler.MAX_SPINS,
         checked=checked,
+        live_budget=live_budget,
     )
 
 
