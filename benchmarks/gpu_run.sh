@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [block] [models_small] [models_8b] [overlap] [dtypes] [ab]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [block] [models_small] [models_8b] [handoff] [overlap] [dtypes] [ab]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
 # (AOTInductor compiles), bench ~1 min, contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
-# under a minute each; one device call may run 10 minutes. models_small and models_8b (benchmarks/models.py,
+# under a minute each (handoff, the live budget's wait: ~40 s); one device call may run 10 minutes. models_small and models_8b (benchmarks/models.py,
 # not in the default list) compile every variant per model, step and graph mode: ~15 s each (one llama_8b run),
 # so roughly 12 and 3 minutes; their stage times are not measured yet. `ab` (not in the default list) compares this tree
 # with another checkout in .baseline/ (git archive <commit> tritonblas_ops benchmarks | tar -x -C .baseline):
@@ -19,7 +19,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
-stages=${*:-tests integration deploy bench contention overhead block overlap dtypes}
+stages=${*:-tests integration deploy bench contention overhead block handoff overlap dtypes}
 has() { [[ " $stages " == *" $1 "* ]]; }
 
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -64,6 +64,7 @@ for group in small 8b; do
       --out "$OUT/h200_models.csv" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/models_$group.log" | tail -40
   fi
 done
+has handoff && python3 -m benchmarks.handoff --out "$OUT/h200_handoff.csv" 2>&1 | tee "$OUT/handoff.log" | tail -52
 has overlap && python3 -m benchmarks.overlap --hog-sms 16,33 --out "$OUT/h200_overlap.csv" 2>&1 | tee "$OUT/overlap.log" | tail -20
 if has ab; then
   python3 -m benchmarks.ab --baseline .baseline --fast-paths-off --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log" | tail -8

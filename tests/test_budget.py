@@ -167,8 +167,6 @@ def test_live_budget_programs_leave_and_the_others_finish(script, split_k):
 
 def test_live_budget_is_read_by_launches_inside_its_block_only():
     a, b = torch.randn(40, 24), torch.randn(24, 32)
-    tritonblas_ops.ws_matmul(a, b)
-    assert launch.cached_plans()[-1].live_budget is None
     live = tritonblas_ops.LiveBudget("cpu")
     with live:
         with pytest.raises(RuntimeError, match="already in use"):
@@ -176,12 +174,27 @@ def test_live_budget_is_read_by_launches_inside_its_block_only():
                 pass
         live.lower(1)
         torch.testing.assert_close(tritonblas_ops.ws_matmul(a, b), a @ b)
-        assert launch.cached_plans()[-1].live_budget is live.word
+        assert [p.live_budget for p in launch.cached_plans()] == [live.word]
         assert live.word.item() == 1
         live.restore()
         assert live.word.item() == budget.UNLIMITED
+    launch.clear_plans()
     tritonblas_ops.ws_matmul(a, b)
-    assert launch.cached_plans()[-1].live_budget is None
+    assert [p.live_budget for p in launch.cached_plans()] == [None]
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="one program must stay"):
             live.lower(bad)
+
+
+def test_a_live_budget_in_use_or_not_keeps_both_plans_cached():
+    """Entering and leaving a LiveBudget's block (say, once per training step) replans
+    nothing: one cached plan reads the budget, one does not."""
+    a, b = torch.randn(40, 24), torch.randn(24, 32)
+    live = tritonblas_ops.LiveBudget("cpu")
+    for _ in range(3):
+        tritonblas_ops.ws_matmul(a, b)
+        with live:
+            tritonblas_ops.ws_matmul(a, b)
+    plans = launch.cached_plans()
+    assert len(plans) == 2
+    assert {p.live_budget is live.word for p in plans} == {True, False}

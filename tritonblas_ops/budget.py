@@ -58,8 +58,7 @@ def get_sm_budget() -> int | None:
 # Any budget at or above every grid: no program leaves.
 UNLIMITED = 2**31 - 1
 
-_live: dict[int, "LiveBudget"] = {}  # device index -> the LiveBudget its launches read
-_live_version = 0  # changes at every attach and detach (part of a cached plan's key)
+_live: dict = {}  # device index ("cpu" for the CPU) -> the LiveBudget its launches read
 
 
 class LiveBudget:
@@ -115,20 +114,17 @@ class LiveBudget:
             self.word.copy_(host, non_blocking=True)
 
     def __enter__(self) -> "LiveBudget":
-        global _live_version
         index = _index(self.device)
         with _lock:
             if index in _live:
                 raise RuntimeError(f"a LiveBudget is already in use on {self.device}")
             _live[index] = self
-            _live_version += 1
         return self
 
     def __exit__(self, *exc) -> None:
-        global _live_version
         with _lock:
-            _live.pop(_index(self.device), None)
-            _live_version += 1
+            if _live.get(_index(self.device)) is self:
+                del _live[_index(self.device)]
 
 
 def _index(device: torch.device):
@@ -141,10 +137,11 @@ def live_budget_word(device: torch.device) -> torch.Tensor | None:
     return live.word if live is not None else None
 
 
-def key() -> tuple:
+def key(device_index: int) -> tuple:
     """What program_limit and live_budget_word depend on besides the device (part of a
-    cached plan's key)."""
-    return _budget, _carveout(), _live_version
+    cached plan's key); device_index as Tensor.get_device() gives it (-1: the CPU)."""
+    live = _live.get(device_index if device_index >= 0 else "cpu")
+    return _budget, _carveout(), None if live is None else id(live.word)
 
 
 def program_limit(device: torch.device) -> int:

@@ -301,7 +301,7 @@ def _plan_key(a, b, bias, alpha, beta) -> tuple:
             a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
             a.dtype == torch.float32 and tf32_enabled(), shard_setting(),
             _checked and not (a.is_cuda and torch.cuda.is_current_stream_capturing()),
-            settings.current().batch_invariant, budget.key())
+            settings.current().batch_invariant, budget.key(a.get_device()))
 
 
 def _cached_call(a, b, bias, alpha: float, beta: float) -> torch.Tensor:

@@ -10,14 +10,22 @@ gets returns its size plus the number of programs, minus one, and the program th
 resets the counter: every launch leaves its counters at zero, and no launch zeroes them
 (counters.py hands the same buffer to every launch that cannot overlap another).
 
+Under a live budget (budget.LiveBudget) programs may leave before a shard is dry, so a
+shard's counter is the int64 at the start of its line: claims in the low half, departures
+in the high half. A leaving program adds one departure to every shard it has not found dry,
+instead of its dry claim; every program still ends with exactly one terminal op per shard,
+and the op that sees num_programs - 1 of them before it (dry claims plus departures) resets
+the counter. The split-K sums' queue works the same way.
+
 Layout of a launch's int32 counters, each group on its own COUNTER_STRIDE line so that
 programs hammering one never contend for another's cache line:
 
-    line s (0 <= s < num_shards)  shard s's claim counter
+    line s (0 <= s < num_shards)  shard s's claim counter (int64 under a live budget)
     line num_shards               the tally: [0] work units done (checked launches only),
                                   [1] status bits (STATUS_*), set by the kernel on an
                                   impossible state, never cleared by it
     line num_shards + 1           split-K under work stealing: the sum units' claim counter
+                                  (int64 under a live budget)
     then, for split-K             one arrival counter per tile (slices stored, then sums done)
 
 A launch whose counters are not all zero when it starts is in an impossible state: it can
