@@ -2,8 +2,8 @@
 shape: this one picks by M as the GPU's does (a transposed narrow tile for few rows, a K
 split for some), so tests of batch invariance can fail there. Its small-M tiles also take
 half the K step: a K split at whole steps, or a transposed product, may sum in the same
-order as the large-M tile (the interpreter's dot of Triton 3.9 does), so the step is what
-makes their bits differ for sure."""
+order as the large-M tile (in December 2026's CI environment they did), so the step is what
+makes their bits differ."""
 
 import pytest
 
