@@ -36,15 +36,37 @@ def _llama() -> list[Shape]:
     return shapes
 
 
+def _train_8b() -> list[Shape]:
+    """A Llama-3-8B training step at 8192 tokens (hidden 4096, fused QKV 6144, fused gate
+    and up 28672, down 14336 -> 4096): each projection's forward (T, out, in), its input
+    gradient (T, in, out) and its weight gradient (in, out, T), less the two the llama
+    group has (the down projection's forward and input gradient are h4096_down_T8192 and
+    h4096_up_T8192); the bench's --b-layout sets B's layout for all of them."""
+    shapes = []
+    for name, inputs, outputs in (("qkv", 4096, 6144), ("gate_up", 4096, 2 * 14336), ("down", 14336, 4096)):
+        if name != "down":
+            shapes += [Shape("train8b", f"8b_{name}_fwd", 8192, outputs, inputs),
+                       Shape("train8b", f"8b_{name}_dgrad", 8192, inputs, outputs)]
+        shapes.append(Shape("train8b", f"8b_{name}_wgrad", inputs, outputs, 8192))
+    return shapes
+
+
 FULL = [
-    *(Shape("square", f"sq{s}", s, s, s) for s in (1024, 2048, 4096, 8192, 16384)),
+    *(Shape("square", f"sq{s}", s, s, s) for s in (1024, 2048, 4096, 6144, 8192, 16384)),
     *_llama(),
+    *_train_8b(),
     # Ragged edge tiles in every dimension; 4095x4097x4093 and 2049x1023x777 also have
-    # strides that are not 16-byte aligned (pointer loads, no TMA).
+    # strides that are not 16-byte aligned (pointer loads, no TMA). The others have rows
+    # that are 16-byte but not 128-byte multiples (a row starts mid-line): tall ones with
+    # N or K of 1000-3000 among them.
     *(_plain("unaligned", *mnk) for mnk in ((3000, 5000, 2000), (1000, 1000, 1000),
-                                           (4095, 4097, 4093), (2049, 1023, 777))),
-    # Few output tiles, long K loops: fewer tiles than SMs, so the schedule matters.
-    *(_plain("k_heavy", *mnk) for mnk in ((1024, 1024, 16384), (256, 512, 32768))),
+                                           (4095, 4097, 4093), (2049, 1023, 777),
+                                           (8192, 1000, 4096), (8192, 4096, 1000),
+                                           (4096, 3000, 2048), (6144, 2000, 3000))),
+    # Few output tiles, long K loops (K >= 16x the larger of M and N): fewer tiles than SMs,
+    # so the schedule and the K split matter.
+    *(_plain("k_heavy", *mnk) for mnk in ((1024, 1024, 16384), (256, 512, 32768), (512, 512, 16384),
+                                         (128, 1024, 32768), (2048, 1024, 32768))),
     *(_plain("skinny", *mnk) for mnk in ((64, 8192, 8192), (128, 8192, 8192), (16, 4096, 4096))),
     # The remaining rows of the probe table in METHOD.md, for comparison.
     *(_plain("design", *mnk) for mnk in ((4864, 8192, 4160), (4096, 14336, 4096))),
@@ -52,8 +74,8 @@ FULL = [
 
 _QUICK_NAMES = (
     "sq4096", "sq8192", "h4096_up_T16", "h4096_up_T2048", "h4096_down_T2048",
-    "4096x14336x4096", "3000x5000x2000", "1000x1000x1000", "4095x4097x4093",
-    "1024x1024x16384", "128x8192x8192",
+    "4096x14336x4096", "3000x5000x2000", "1000x1000x1000", "4095x4097x4093", "8192x1000x4096",
+    "1024x1024x16384", "512x512x16384", "128x8192x8192", "8b_qkv_fwd", "8b_down_wgrad",
 )
 QUICK = [s for s in FULL if s.name in _QUICK_NAMES]
 

@@ -3,7 +3,7 @@
 #   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [block] [models_small] [models_8b] [handoff] [overlap] [dtypes] [ab]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
-# (AOTInductor compiles), bench ~1 min, contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
+# (AOTInductor compiles), bench ~1.5 min (51 shapes; 36 took ~1 min), contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
 # under a minute each (handoff, the live budget's wait: ~40 s); one device call may run 10 minutes. models_small and models_8b (benchmarks/models.py,
 # not in the default list) compile every variant per model, step and graph mode: ~15 s each (one llama_8b run),
 # so roughly 12 and 3 minutes; their stage times are not measured yet. `ab` (not in the default list) compares this tree
