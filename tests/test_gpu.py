@@ -555,3 +555,34 @@ def test_live_budget_lowered_mid_launch_keeps_the_bits(m, n, k):
     tritonblas_ops.set_checked(True)  # the counters read back: all zero before and after
     assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), free)
     assert_matches(free, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.usefixtures("unchecked")
+def test_live_budget_read_by_a_captured_graph_when_it_replays():
+    """A launch captured under a LiveBudget reads the word at each replay: lowered before
+    a replay (programs leave at once) or during it, the bits are the unbudgeted ones."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    free = torch.ops.tritonblas.ws_mm(a, b)
+    live = tritonblas_ops.LiveBudget()
+    side = torch.cuda.Stream()
+    with live:
+        torch.ops.tritonblas.ws_mm(a, b)  # compile the budgeted kernel outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = torch.ops.tritonblas.ws_mm(a, b)
+        assert any(p.live_budget is live.word for p in launch.cached_plans())
+        for programs in (1, 64):
+            live.lower(programs)
+            out.fill_(float("nan"))
+            graph.replay()
+            live.restore()
+            torch.cuda.synchronize()
+            assert torch.equal(out, free), programs
+            out.fill_(float("nan"))
+            graph.replay()
+            live.lower(programs, side)  # while the replay runs
+            torch.cuda.synchronize()
+            live.restore(side)
+            torch.cuda.synchronize()
+            assert torch.equal(out, free), programs

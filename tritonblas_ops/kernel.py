@@ -6,8 +6,10 @@ into NUM_SHARDS contiguous shards, each with an atomic counter. Program p starts
 p % NUM_SHARDS (on AMD that is its XCD, so its tiles stay in that XCD's L2), claims units
 there until the shard is dry, then steals from the other shards in order. Every unit is
 computed exactly once, by whichever program claims it, for any grid size and however many
-programs actually run (other kernels may hold SMs). The counters' layout and rules are
-scheduler.WorkQueue's; a launch's every decision is plan.LaunchPlan's.
+programs actually run (other kernels may hold SMs), and under a live budget (a device word
+read between units, budget.LiveBudget) programs may leave mid-launch while the others
+finish their work. The counters' layout and rules are scheduler.WorkQueue's; a launch's
+every decision is plan.LaunchPlan's.
 
 Each unit runs its K range in one program, in a fixed order. With split-K each slice stores
 an fp32 partial; under work stealing the partials are summed by sum units (a few rows of a
