@@ -72,7 +72,7 @@ class LiveBudget:
         with budget:
             y = model(x)                              # GEMMs queued on the compute stream
             with torch.cuda.stream(comm_stream):
-                budget.lower(132 - 16, comm_stream)   # 16 SMs free within about a tile's time
+                budget.lower(132 - 16, comm_stream)   # 16 SMs freed after a unit or two
                 dist.all_reduce(grads)                # ... for the collective launched behind it
                 budget.restore(comm_stream)           # launches from here on run all programs
 
