@@ -36,13 +36,7 @@ TRIALS = 7
 
 
 @dataclasses.dataclass
-class HandoffRow:
-    timestamp: str
-    gpu: str
-    num_sms: int | None
-    torch: str
-    triton: str
-    cuda: str | None
+class HandoffRow(results.RunFields):
     shape: str
     provider: str
     held_sms: int
@@ -75,7 +69,7 @@ def trial(gemm, held: int, late: torch.cuda.Stream, live, *, with_late: bool) ->
     with torch.cuda.stream(late):
         r0.record(late)
         if live is not None:
-            live.lower(torch.cuda.get_device_properties(0).multi_processor_count - held, late)
+            live.lower(torch.cuda.get_device_properties(live.device).multi_processor_count - held, late)
         hold = sm_hog.hold_sms(held, HOLD_US / 1e3, late)
         r1.record(late)
         if live is not None:
@@ -138,9 +132,7 @@ def main(argv=None) -> None:
     for shape in SHAPES:
         for held in args.held:
             for priority in ("normal", "high"):
-                rows += [HandoffRow(timestamp=env["timestamp"], gpu=env["gpu"], num_sms=env["num_sms"],
-                                    torch=env["torch"], triton=env["triton"], cuda=env["cuda"], **r)
-                         for r in measure(shape, held, priority, args)]
+                rows += [HandoffRow(**results.run_fields(env), **r) for r in measure(shape, held, priority, args)]
     print(f"{'shape':<18}{'provider':<19}{'held':>5} {'priority':<8}{'request us':>11}{'wait us':>9}"
           f"{'max':>8}{'GEMM ms':>9}{'alone':>8}")
     for r in rows:

@@ -209,13 +209,7 @@ def step_fn(model, compiled, x, grad, step: str, graphs: bool):
 
 
 @dataclasses.dataclass
-class ModelRow:
-    timestamp: str
-    gpu: str
-    num_sms: int | None
-    torch: str
-    triton: str
-    cuda: str | None
+class ModelRow(results.RunFields):
     model: str
     step: str  # forward | train
     variant: str
@@ -336,8 +330,7 @@ def _rows(times, counts, outputs, reference, name, step, graphs, held, args, env
         p20, p50, p80 = measure.quantiles(samples)
         kernels, ws_kernels = counts[variant]
         rows.append(ModelRow(
-            timestamp=env["timestamp"], gpu=env["gpu"], num_sms=env["num_sms"], torch=env["torch"],
-            triton=env["triton"], cuda=env["cuda"], model=name, step=step, variant=variant,
+            **results.run_fields(env), model=name, step=step, variant=variant,
             cuda_graphs=graphs, held_sms=held, steps_per_trial=args.steps_per_trial,
             p20_ms=p20, p50_ms=p50, p80_ms=p80,
             kernels_per_step=kernels, ws_kernels_per_step=ws_kernels,

@@ -18,13 +18,23 @@ from benchmarks.providers import TORCH_MM
 
 
 @dataclasses.dataclass
-class Row:
+class RunFields:
+    """The columns every harness's rows begin with: which run, on what (run_fields)."""
     timestamp: str  # the run's start, UTC; also the key of its metadata in the JSON
     gpu: str
     num_sms: int | None
     torch: str
     triton: str
     cuda: str | None
+
+
+def run_fields(env: dict) -> dict:
+    """RunFields' values from the run's metadata (environment())."""
+    return {f.name: env[f.name] for f in dataclasses.fields(RunFields)}
+
+
+@dataclasses.dataclass
+class Row(RunFields):
     mode: str  # gemm | contention | overhead
     dtype: str
     group: str
@@ -67,8 +77,7 @@ def environment(device: torch.device, args: dict) -> dict:
 
 
 def row(env: dict, **fields) -> Row:
-    return Row(timestamp=env["timestamp"], gpu=env["gpu"], num_sms=env["num_sms"],
-               torch=env["torch"], triton=env["triton"], cuda=env["cuda"], **fields)
+    return Row(**run_fields(env), **fields)
 
 
 def fill_ratios(rows: list[Row]) -> None:

@@ -70,7 +70,6 @@ def user_defined_triton_kernel(**kwargs) -> ir.UserDefinedTritonKernel:
     return ir.UserDefinedTritonKernel(**kwargs)
 
 
-
 def inductor_buffer_aligned(name: str) -> bool:
     """Whether Inductor holds buffer `name`'s base address 16-byte aligned while the graph
     runs: the rule its own Triton kernels follow (Note: [Input Alignment handling in
