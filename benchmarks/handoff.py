@@ -1,22 +1,33 @@
 """SMs handed to a kernel launched while a GEMM runs (issue "SMs on demand", part 1).
 
-    python -m benchmarks.handoff --out benchmarks/results/h200_handoff.csv
+    python -m benchmarks.handoff --out benchmarks/results/h200_handoff_floor.csv
+
+(h200_handoff.csv holds the rows of the first run, before `idle` and `write_us`.)
 
 A GEMM is queued on one stream; REQUEST_US later (host time) another stream asks for H
 whole SMs: sm_hog's kernel, H blocks that each take a whole SM and spin for HOLD_US, on a
 stream of normal or of high priority. The late kernel's wait is the time from its request
 (an event recorded on its stream right before it, and before the budget's write) to its
 end, less HOLD_US: when its last block got an SM. The GEMM's time is events around it.
+The hog's buffers are allocated, and its kernel compiled, before any trial, so what the
+late stream queues after its request is only the budget's write (ws_live, idle) and the
+kernel's launch; `write_us` is the request to the end of the write (an event after it).
+The wait still counts the host's time to queue these after recording the request, and
+the GPU's time to start a kernel: `idle`, the same late side with no GEMM, measures that
+floor; a provider's wait above it is the GEMM's.
 Providers:
   torch_mm           cuBLAS
   torch_mm_carveout  cuBLAS with torch's SM carve-out set to H before the GEMM launches
   ws                 ws_mm, no live budget: the late kernel waits for programs to finish
   ws_live            ws_mm under a LiveBudget, lowered to SMs - H on the late stream (a
                      4-byte copy) right before the late kernel
+  idle               no GEMM; the late side of ws_live (the write, then the kernel): the floor
 Each row: the median of TRIALS trials, providers taking turns.
 """
 
 import argparse
+import contextlib
+import csv
 import dataclasses
 import pathlib
 import statistics
@@ -29,7 +40,8 @@ from benchmarks import results, sm_hog
 
 SHAPES = [(8192, 8192, 8192), (8192, 14336, 4096)]
 HELD = [8, 16, 33]
-PROVIDERS = ["torch_mm", "torch_mm_carveout", "ws", "ws_live"]
+PROVIDERS = ["torch_mm", "torch_mm_carveout", "ws", "ws_live", "idle"]
+WRITES = {"ws_live", "idle"}  # providers whose late side writes the budget first
 REQUEST_US = 200.0
 HOLD_US = 100.0
 TRIALS = 7
@@ -44,8 +56,9 @@ class HandoffRow(results.RunFields):
     request_us: float  # when the request came, from the GEMM's start (median)
     wait_us: float  # from the request until the late kernel's last block had an SM (median)
     wait_max_us: float
-    gemm_ms: float  # the GEMM's time beside the late kernel (median)
-    gemm_alone_ms: float  # the GEMM's time with nothing beside it (median)
+    gemm_ms: float | None  # the GEMM's time beside the late kernel (median); idle: None
+    gemm_alone_ms: float | None  # the GEMM's time with nothing beside it (median); idle: None
+    write_us: float | None  # from the request until the budget's write was done (median)
 
 
 def _spin_us(us: float) -> None:
@@ -54,29 +67,34 @@ def _spin_us(us: float) -> None:
         pass
 
 
-def trial(gemm, held: int, late: torch.cuda.Stream, live, *, with_late: bool) -> tuple:
-    """(request offset us, wait us, GEMM ms) of one trial; the first two None without a late kernel."""
-    main = torch.cuda.current_stream()
+def trial(gemm, hog: sm_hog.Hog, live, programs: int, *, with_late: bool) -> tuple:
+    """(request offset us, wait us, write us, GEMM ms) of one trial: the first three None
+    without a late kernel, write us None without a budget (`live`), GEMM ms None without one."""
+    main, late = torch.cuda.current_stream(), hog.stream
     torch.cuda.synchronize()
-    g0, g1, r0, r1 = (torch.cuda.Event(enable_timing=True) for _ in range(4))
+    g0, g1, r0, w1, r1 = (torch.cuda.Event(enable_timing=True) for _ in range(5))
     g0.record(main)
-    gemm()
+    if gemm is not None:
+        gemm()
     g1.record(main)
     if not with_late:
         g1.synchronize()
-        return None, None, g0.elapsed_time(g1)
+        return None, None, None, g0.elapsed_time(g1) if gemm is not None else None
     _spin_us(REQUEST_US)
-    with torch.cuda.stream(late):
-        r0.record(late)
-        if live is not None:
-            live.lower(torch.cuda.get_device_properties(live.device).multi_processor_count - held, late)
-        hold = sm_hog.hold_sms(held, HOLD_US / 1e3, late)
-        r1.record(late)
-        if live is not None:
-            live.restore(late)
+    # Between r0 and r1: the write and the launch, nothing the host could have done before.
+    r0.record(late)
+    if live is not None:
+        live.lower(programs, late)
+        w1.record(late)
+    hold = hog.launch(HOLD_US / 1e3)
+    r1.record(late)
+    if live is not None:
+        live.restore(late)
     torch.cuda.synchronize()
     hold.check_distinct_sms()
-    return g0.elapsed_time(r0) * 1e3, r0.elapsed_time(r1) * 1e3 - HOLD_US, g0.elapsed_time(g1)
+    write_us = r0.elapsed_time(w1) * 1e3 if live is not None else None
+    gemm_ms = g0.elapsed_time(g1) if gemm is not None else None
+    return g0.elapsed_time(r0) * 1e3, r0.elapsed_time(r1) * 1e3 - HOLD_US, write_us, gemm_ms
 
 
 def measure(shape, held: int, priority: str, args) -> list:
@@ -85,8 +103,16 @@ def measure(shape, held: int, priority: str, args) -> list:
     b = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
     late = torch.cuda.Stream(priority=-1 if priority == "high" else 0)
     live = tritonblas_ops.LiveBudget()
+    programs = torch.cuda.get_device_properties(live.device).multi_processor_count - held
+    hog = sm_hog.Hog(held, late)
+    # Outside the timed windows: the hog's compile, and the pinned host words of the writes.
+    hog.launch(HOLD_US / 1e3).check_distinct_sms()
+    live.lower(programs, late)
+    live.restore(late)
+    torch.cuda.synchronize()
     gemms = {"torch_mm": lambda: torch.mm(a, b), "torch_mm_carveout": lambda: torch.mm(a, b),
-             "ws": lambda: torch.ops.tritonblas.ws_mm(a, b), "ws_live": lambda: torch.ops.tritonblas.ws_mm(a, b)}
+             "ws": lambda: torch.ops.tritonblas.ws_mm(a, b), "ws_live": lambda: torch.ops.tritonblas.ws_mm(a, b),
+             "idle": None}
     samples = {p: [] for p in args.providers}
     alone = {p: [] for p in args.providers}
     for t in range(args.trials + 1):  # the first: compiles and warms up, dropped
@@ -94,37 +120,75 @@ def measure(shape, held: int, priority: str, args) -> list:
             carveout = p == "torch_mm_carveout"
             if carveout:
                 torch._C._set_sm_carveout_experimental(held)
+            writer = live if p in WRITES else None
             try:
-                if p == "ws_live":
-                    with live:
-                        alone_ms = trial(gemms[p], held, late, None, with_late=False)[2]
-                        sample = trial(gemms[p], held, late, live, with_late=True)
-                else:
-                    alone_ms = trial(gemms[p], held, late, None, with_late=False)[2]
-                    sample = trial(gemms[p], held, late, None, with_late=True)
+                with live if p == "ws_live" else contextlib.nullcontext():
+                    alone_ms = trial(gemms[p], hog, None, programs, with_late=False)[3]
+                    sample = trial(gemms[p], hog, writer, programs, with_late=True)
             finally:
                 if carveout:
                     torch._C._set_sm_carveout_experimental(None)
             if t:
                 samples[p].append(sample)
                 alone[p].append(alone_ms)
+    return summarize(f"{m}x{n}x{k}", held, priority, samples, alone)
+
+
+def _median(values):
+    """None if any is None (a provider without that part)."""
+    return None if None in values else statistics.median(values)
+
+
+def summarize(shape: str, held: int, priority: str, samples: dict, alone: dict) -> list[dict]:
+    """HandoffRow fields (less the run's) per provider, from its trials' (request us, wait us,
+    write us, GEMM ms) and GEMM-alone ms."""
     rows = []
     for p, s in samples.items():
-        request, wait, gemm_ms = zip(*s)
-        rows.append(dict(shape=f"{m}x{n}x{k}", provider=p, held_sms=held, priority=priority,
+        request, wait, write, gemm_ms = zip(*s)
+        rows.append(dict(shape=shape, provider=p, held_sms=held, priority=priority,
                          request_us=statistics.median(request), wait_us=statistics.median(wait),
-                         wait_max_us=max(wait), gemm_ms=statistics.median(gemm_ms),
-                         gemm_alone_ms=statistics.median(alone[p])))
+                         wait_max_us=max(wait), gemm_ms=_median(gemm_ms),
+                         gemm_alone_ms=_median(alone[p]), write_us=_median(write)))
     return rows
 
 
-def main(argv=None) -> None:
+def table(rows: list) -> str:
+    def num(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    lines = [f"{'shape':<18}{'provider':<19}{'held':>5} {'priority':<8}{'request us':>11}{'write us':>9}"
+             f"{'wait us':>9}{'max':>8}{'GEMM ms':>9}{'alone':>8}"]
+    for r in rows:
+        lines.append(f"{r.shape:<18}{r.provider:<19}{r.held_sms:>5} {r.priority:<8}{r.request_us:>11.0f}"
+                     f"{num(r.write_us, '.0f'):>9}{r.wait_us:>9.0f}{r.wait_max_us:>8.0f}"
+                     f"{num(r.gemm_ms, '.3f'):>9}{num(r.gemm_alone_ms, '.3f'):>8}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--held", type=lambda s: [int(x) for x in s.split(",")], default=HELD)
     parser.add_argument("--providers", type=lambda s: s.split(","), default=PROVIDERS)
     parser.add_argument("--trials", type=int, default=TRIALS)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/h200_handoff.csv"))
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/h200_handoff_floor.csv"))
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.providers) - set(PROVIDERS))
+    if unknown:
+        parser.error(f"unknown providers {unknown}; known: {PROVIDERS}")
+    # results.append refuses a CSV of other columns: say so before the run, not after it.
+    columns = [f.name for f in dataclasses.fields(HandoffRow)]
+    if args.out.exists():
+        with args.out.open() as f:
+            existing = next(csv.reader(f), None)
+        if existing != columns:
+            parser.error(f"{args.out} has columns {existing}, this harness writes {columns}: use a new --out file")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.handoff needs a CUDA GPU")
     torch.manual_seed(0)
     env = results.environment(torch.device("cuda"), vars(args))
     env.update(request_us=REQUEST_US, hold_us=HOLD_US)
@@ -133,11 +197,7 @@ def main(argv=None) -> None:
         for held in args.held:
             for priority in ("normal", "high"):
                 rows += [HandoffRow(**results.run_fields(env), **r) for r in measure(shape, held, priority, args)]
-    print(f"{'shape':<18}{'provider':<19}{'held':>5} {'priority':<8}{'request us':>11}{'wait us':>9}"
-          f"{'max':>8}{'GEMM ms':>9}{'alone':>8}")
-    for r in rows:
-        print(f"{r.shape:<18}{r.provider:<19}{r.held_sms:>5} {r.priority:<8}{r.request_us:>11.0f}"
-              f"{r.wait_us:>9.0f}{r.wait_max_us:>8.0f}{r.gemm_ms:>9.3f}{r.gemm_alone_ms:>8.3f}")
+    print(table(rows))
     results.append(args.out, rows, env)
     print(f"appended {len(rows)} rows to {args.out}")
 

@@ -5,7 +5,9 @@ One block of 32 warps spins on %globaltimer per held SM. Each block also keeps 6
 values per thread live across the spin (loaded before it, stored after it), so it takes
 64 registers x 1024 threads = the whole 64K register file of its SM. Nothing else fits
 beside it: not a second hog block (so the H blocks land on H distinct SMs) and not a
-block of the GEMM. `hold_sms` checks both facts.
+block of the GEMM. `Hog.launch` checks both facts. A `Hog` allocates its buffers once, so
+each launch queues the kernel alone: allocating them queues fill kernels, which need SMs
+too (the handoff benchmark times a launch from its request).
 """
 
 import dataclasses
@@ -62,21 +64,36 @@ class Hold:
             raise RuntimeError(f"hog blocks shared SMs, so fewer than {len(held)} were held: {sorted(held)}")
 
 
-def hold_sms(num_sms: int, duration_ms: float, stream: torch.cuda.Stream | None = None) -> Hold:
-    """Occupy `num_sms` whole SMs for `duration_ms`, on `stream` (default: the current one).
+class Hog:
+    """The kernel for `num_sms` SMs, its buffers allocated once on `stream` (default: the
+    current one), where every launch goes: one stream, so no launch reads them before they
+    are filled. Holds of one Hog share sm_ids: check a hold before the next launch."""
 
-    Returns at once; the hold starts when the GPU runs the kernel.
+    def __init__(self, num_sms: int, stream: torch.cuda.Stream | None = None):
+        self.num_sms = num_sms
+        self.stream = stream or torch.cuda.current_stream()
+        with torch.cuda.stream(self.stream):
+            self.ballast = torch.zeros(num_sms * BALLAST, dtype=torch.int32, device="cuda")
+            # Not reset between launches: every block overwrites its own entry.
+            self.sm_ids = torch.full((num_sms,), -1, dtype=torch.int32, device="cuda")
+
+    def launch(self, duration_ms: float) -> Hold:
+        """Occupy the SMs for `duration_ms`. Returns at once; the hold starts when the GPU
+        runs the kernel."""
+        with torch.cuda.stream(self.stream):
+            compiled = _hold_kernel[(self.num_sms,)](self.ballast, self.sm_ids, int(duration_ms * 1e6),
+                                                     BALLAST=BALLAST, num_warps=NUM_WARPS)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        registers = compiled.n_regs * NUM_WARPS * 32
+        if registers < REGISTERS_PER_SM:
+            raise RuntimeError(f"a hog block uses {registers} registers, less than its SM's "
+                               f"{REGISTERS_PER_SM}: other blocks could share the SM")
+        return Hold(self.sm_ids, done)
+
+
+def hold_sms(num_sms: int, duration_ms: float, stream: torch.cuda.Stream | None = None) -> Hold:
+    """Occupy `num_sms` whole SMs for `duration_ms`, on `stream` (default: the current one),
+    with buffers of its own. Returns at once; the hold starts when the GPU runs the kernel.
     """
-    stream = stream or torch.cuda.current_stream()
-    with torch.cuda.stream(stream):
-        ballast = torch.zeros(num_sms * BALLAST, dtype=torch.int32, device="cuda")
-        sm_ids = torch.full((num_sms,), -1, dtype=torch.int32, device="cuda")
-        compiled = _hold_kernel[(num_sms,)](ballast, sm_ids, int(duration_ms * 1e6),
-                                            BALLAST=BALLAST, num_warps=NUM_WARPS)
-        done = torch.cuda.Event()
-        done.record(stream)
-    registers = compiled.n_regs * NUM_WARPS * 32
-    if registers < REGISTERS_PER_SM:
-        raise RuntimeError(f"a hog block uses {registers} registers, less than its SM's "
-                           f"{REGISTERS_PER_SM}: other blocks could share the SM")
-    return Hold(sm_ids, done)
+    return Hog(num_sms, stream).launch(duration_ms)

@@ -83,3 +83,45 @@ def test_models_smoke_run_times_every_model_step_and_variant(tmp_path):
     assert all(float(r["p50_ms"]) > 0 and float(r["vs_default"]) > 0 for r in rows)
     routed = [float(r["rel_err"]) for r in rows if r["variant"] == "routed"]
     assert all(0 < err < 1e-5 for err in routed)  # the kernel ran (not bitwise Inductor's), and agrees
+
+
+def test_handoff_rows_carry_the_idle_floor_and_the_write_time(tmp_path, capsys):
+    """benchmarks/handoff.py's plumbing, without a GPU: trials summarized into rows (idle has
+    no GEMM times; only the providers that write the budget have a write time), the CSV and
+    the table; a CSV of other columns and unknown providers are refused before any trial."""
+    import dataclasses
+
+    from benchmarks import handoff, results
+
+    out = tmp_path / "handoff.csv"
+    assert "idle" in handoff.parse_args(["--out", str(out)]).providers
+    args = handoff.parse_args(["--out", str(out), "--providers", "ws,ws_live,idle"])
+    # Per trial: (request us, wait us, write us, GEMM ms); GEMM-alone ms beside.
+    samples = {"ws": [(300.0, 1000.0, None, 1.5), (310.0, 1100.0, None, 1.6), (320.0, 1050.0, None, 1.7)],
+               "ws_live": [(300.0, 200.0, 8.0, 1.8), (300.0, 190.0, 6.0, 1.9), (300.0, 250.0, 7.0, 2.0)],
+               "idle": [(205.0, 100.0, 5.0, None), (205.0, 90.0, 4.0, None), (205.0, 95.0, 6.0, None)]}
+    alone = {"ws": [1.4, 1.5, 1.6], "ws_live": [1.5, 1.6, 1.7], "idle": [None, None, None]}
+    env = results.environment(torch.device("cpu"), vars(args))
+    rows = [handoff.HandoffRow(**results.run_fields(env), **r)
+            for r in handoff.summarize("8x8x8", 16, "high", samples, alone)]
+    results.append(out, rows, env)
+    written = {r["provider"]: r for r in csv.DictReader(out.open())}
+    assert set(written) == {"ws", "ws_live", "idle"}
+    live, idle = written["ws_live"], written["idle"]
+    assert (live["wait_us"], live["wait_max_us"], live["write_us"], live["gemm_alone_ms"]) == ("200.0", "250.0", "7.0", "1.6")
+    assert (idle["wait_us"], idle["write_us"], idle["gemm_ms"], idle["gemm_alone_ms"]) == ("95.0", "5.0", "", "")
+    assert written["ws"]["write_us"] == ""
+    print(handoff.table(rows))
+    idle_line = next(line for line in capsys.readouterr().out.splitlines() if " idle " in line)
+    assert idle_line.split()[-2:] == ["-", "-"] and "95" in idle_line.split()
+    handoff.parse_args(["--out", str(out)])  # the same columns: appending is fine
+
+    old = tmp_path / "old.csv"  # the first run's columns, before write_us
+    old.write_text(",".join(f.name for f in dataclasses.fields(handoff.HandoffRow) if f.name != "write_us") + "\n")
+    with pytest.raises(SystemExit):
+        handoff.parse_args(["--out", str(old)])
+    with pytest.raises(SystemExit):
+        handoff.parse_args(["--out", str(out), "--providers", "ws,nope"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            handoff.main(["--out", str(out)])
