@@ -202,7 +202,7 @@ def _parse(argv):
     parser.add_argument("--configs", type=lambda text: [parse_config(c) for c in text.split(",")],
                         metavar="CFG,CFG,...",
                         help="also time work stealing with these forced tile configs, e.g. "
-                             "128x256x64w8s3k1,64x128x64w4s4k4 (rows ws_<config>)")
+                             "128x256x64w8s3k1,64x128x64w4s4k4,128x128x64w8s4k1c4 (rows ws_<config>; cC: K in C chunks)")
     parser.add_argument("--inductor", action="store_true", help="add Inductor max-autotune (slow: compiles per shape)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="ws and static in batch-invariant mode (tritonblas_ops.batch_invariant)")

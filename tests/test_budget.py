@@ -198,3 +198,26 @@ def test_a_live_budget_in_use_or_not_keeps_both_plans_cached():
     plans = launch.cached_plans()
     assert len(plans) == 2
     assert {p.live_budget is live.word for p in plans} == {True, False}
+
+
+def test_stream_write_falls_back_to_copies_once_the_driver_refuses(monkeypatch):
+    """LiveBudget writes with the driver's stream write (word address, value, on the
+    stream's handle); a driver that refuses it once is not asked again (the copy instead)."""
+    calls = []
+
+    def driver_write(stream_handle, address, value, flags):
+        calls.append((stream_handle, address, value, flags))
+        return 0 if len(calls) == 1 else 801  # CUDA_ERROR_NOT_SUPPORTED
+
+    monkeypatch.setattr(budget, "_driver_stream_write", lambda: driver_write)
+    monkeypatch.setattr(budget, "_stream_write_refused", budget.threading.Event())
+    stream = collections.namedtuple("Stream", "cuda_stream")(1234)
+    word = torch.zeros(1, dtype=torch.int32)
+    assert budget._stream_write(stream, word, 77)
+    assert calls == [(1234, word.data_ptr(), 77, 0)]
+    assert not budget._stream_write(stream, word, 78)  # refused: the caller copies
+    assert not budget._stream_write(stream, word, 79)
+    assert len(calls) == 2
+    monkeypatch.setattr(budget, "_driver_stream_write", lambda: None)  # ROCm, no driver library
+    monkeypatch.setattr(budget, "_stream_write_refused", budget.threading.Event())
+    assert not budget._stream_write(stream, word, 80)

@@ -13,7 +13,7 @@ from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import tritonblas_ops  # noqa: F401
-from tritonblas_ops import counters, fastpath, launch, relayout
+from tritonblas_ops import budget, counters, fastpath, launch, relayout
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import select_config
 from tritonblas_ops.launch import ws_matmul
@@ -469,11 +469,11 @@ def batch_invariant():
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "tf32"], indirect=True)
 @pytest.mark.parametrize("name", ["ws_mm", "ws_addmm", "ws_bmm"])
-@pytest.mark.parametrize("n,k", [(4096, 4096), (1000, 14336)])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (1000, 14336), (512, 32768)])
 def test_batch_invariant_rows_from_decode_to_prefill(name, n, k, precision, batch_invariant):
     """Every row of ws_mm(a[:m], b) bitwise equal to that row of ws_mm(a, b), m from 1 to
-    8192: through the decode sizes (which otherwise take the transposed path) and the
-    K-split ones."""
+    8192: tiles from 64x32 to 128x256 as M grows (one K step), and for N < 2048 K in chunks
+    that are split-K units for few rows and summed inside each tile for many."""
     dtype = DTYPES[precision]
     batches = 2 if name == "ws_bmm" else 1
     a = torch.randn(batches, 8192, k, dtype=dtype, device="cuda")
@@ -534,7 +534,7 @@ def test_sm_budget_and_carveout_change_the_grid_not_the_bits(m, n, k):
 @pytest.mark.usefixtures("unchecked")  # checked launches synchronize around each launch
 @pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (256, 512, 32768), (16, 14336, 4096)])
 def test_live_budget_lowered_mid_launch_keeps_the_bits(m, n, k):
-    """A LiveBudget lowered from another stream while GEMMs run (a 4-byte copy, no SM):
+    """A LiveBudget lowered from another stream while GEMMs run (a stream write, no SM):
     programs leave mid-launch, the rest finish; every result is the unbudgeted one's bits,
     and launches after it (counters reset by departures too) are right."""
     a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
@@ -555,6 +555,30 @@ def test_live_budget_lowered_mid_launch_keeps_the_bits(m, n, k):
     tritonblas_ops.set_checked(True)  # the counters read back: all zero before and after
     assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), free)
     assert_matches(free, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+
+
+def test_live_budget_writes_in_stream_order_with_the_drivers_stream_write():
+    """lower() and restore() land in their stream's order (behind a long GEMM on it) through
+    the driver's stream write, which this driver accepts; captured into a CUDA graph (a
+    copy there), the write happens at each replay."""
+    live = tritonblas_ops.LiveBudget()
+    side = torch.cuda.Stream()
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    with torch.cuda.stream(side):
+        torch.mm(a, a)
+        live.lower(5, side)
+        assert live.word.item() == 5
+        torch.mm(a, a)
+        live.restore(side)
+        assert live.word.item() == budget.UNLIMITED
+    assert budget._driver_stream_write() is not None and not budget._stream_write_refused.is_set()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        live.lower(7)
+    assert live.word.item() == budget.UNLIMITED
+    graph.replay()
+    assert live.word.item() == 7
+    assert not budget._stream_write_refused.is_set()
 
 
 @pytest.mark.usefixtures("unchecked")

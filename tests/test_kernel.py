@@ -162,6 +162,32 @@ def test_split_k_matches_the_reference_and_is_bitwise_reproducible(split_k, dtyp
             assert torch.equal(again, first), (m, n, k, shards, programs, schedule)
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_k_chunks_summed_in_a_tile_or_as_split_k_units_give_the_same_bits(dtype, tma):
+    """K in chunks (batch-invariant configs): summed one after another inside each tile, or
+    each chunk a split-K unit, under either schedule: the same bits, and the reference's
+    values. Without chunks, whole K in one accumulator differs from the split in fp32 (so
+    the comparison can fail; fp16's rounding of the output mostly hides the difference)."""
+    chunked = dataclasses.replace(SMALL, k_chunks=3)
+    tol = REL_TOLERANCE[dtype]
+    differs = False
+    for m, n, k in [(40, 24, 160), (16, 32, 48), (24, 8, 120)]:  # 10, 3 and 8 K steps
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        bias = torch.randn(n, dtype=dtype)
+        in_tile = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=chunked, use_tma=tma)
+        assert_matches(in_tile, matmul_ref(a, b, bias, alpha=1.5, beta=-0.5), tol)
+        for programs, schedule in [(5, Schedule.WORK_STEALING), (2, Schedule.STATIC)]:
+            split = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=dataclasses.replace(chunked, split_k=3),
+                              num_programs=programs, schedule=schedule, use_tma=tma)
+            assert torch.equal(split, in_tile), (m, n, k, programs, schedule)
+        whole = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=SMALL, use_tma=tma)
+        differs |= not torch.equal(whole, in_tile)
+    assert differs or dtype != torch.float32
+    with pytest.raises(ValueError, match="k_chunks=3"):
+        ws_matmul(a, b, config=dataclasses.replace(chunked, split_k=2))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_bitwise_identical_whatever_the_schedule(dtype):
     a, b = torch.randn(45, 300, dtype=dtype), torch.randn(300, 38, dtype=dtype)

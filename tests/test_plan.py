@@ -234,23 +234,30 @@ def test_plans_are_frozen_and_cached_per_key():
     assert launch.cached_plans() == [first]
 
 
+@pytest.mark.parametrize("n,k", [(4096, 14336), (1000, 14336)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("batches", [1, 3])
-def test_batch_invariant_plans_do_not_depend_on_m(h200, dtype, batches):
-    """Batch-invariant: one tile config for every M and batch count of an (N, K), no K split,
-    no swap; the default plans pick others as M changes (so the check can fail)."""
+def test_batch_invariant_plans_do_not_depend_on_m(h200, dtype, batches, n, k):
+    """Batch-invariant: one K step and K chunk count for every M and batch count of an
+    (N, K), no swap; M picks the tile and whether chunks run as split-K units (few rows)
+    or in turn inside each tile (many, or sizes not known). The default plans' K steps
+    and splits change with M (so the check can fail)."""
     size = dtype.itemsize
 
-    def configs(batch_invariant):
-        return {gpu_plan(row_major(batches, m, 4096, size=size), row_major(batches, 4096, 14336, size=size),
-                         dtype=dtype, batch_invariant=batch_invariant).config
+    def configs(batch_invariant, **kwargs):
+        return {gpu_plan(row_major(batches, m, k, size=size), row_major(batches, k, n, size=size),
+                         dtype=dtype, batch_invariant=batch_invariant, **kwargs).config
                 for m in (1, 5, 16, 17, 64, 128, 1000, 2048, 8192)}
 
     invariant = configs(True)
-    assert len(invariant) == 1
-    (config,) = invariant
-    assert config.split_k == 1 and not config.swap_ab
-    assert len(configs(False)) > 1
+    (order,) = {(config.block_k, config.k_chunks) for config in invariant}
+    chunks = order[1]
+    assert (chunks > 1) == (n < 2048) and not any(config.swap_ab for config in invariant)
+    assert len(invariant) > 1  # the tile follows M
+    splits = {config.split_k for config in invariant}
+    assert splits == {1, chunks} if batches == 1 else splits <= {1, chunks}
+    assert {config.split_k for config in configs(True, dynamic=True)} == {1}
+    assert len({(config.block_k, config.split_k) for config in configs(False)}) > 1
 
 
 def test_an_sm_budget_caps_the_grid_not_the_tile(h200):

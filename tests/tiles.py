@@ -3,7 +3,10 @@ shape: this one picks by M as the GPU's does (a transposed narrow tile for few r
 split for some), so tests of batch invariance can fail there. Its small-M tiles also take
 half the K step: a K split at whole steps, or a transposed product, may sum in the same
 order as the large-M tile (in December 2026's CI environment they did), so the step is what
-makes their bits differ."""
+makes their bits differ. Batch-invariant configs sum K in chunks, as split-K units for
+few rows and inside each tile for many, as on the GPU."""
+
+import dataclasses
 
 import pytest
 
@@ -19,10 +22,19 @@ def m_dependent_selector(m, n, k, batches, dtype, device, *, allow_split_k=True,
     return TileConfig(32, 32, 32, num_warps=4, num_stages=1)
 
 
+def chunked_invariant_selector(m, n, k, batches, dtype, device, *, allow_split_k=True):
+    """Batch-invariant configs on the CPU with K in chunks, split-K units for few rows (as
+    the GPU's cost model would pick) and summed inside each tile otherwise."""
+    config = TileConfig(32, 32, 16, num_warps=4, num_stages=1, k_chunks=3)
+    return dataclasses.replace(config, split_k=3) if allow_split_k and m <= 24 else config
+
+
 @pytest.fixture
 def m_dependent_tiles(monkeypatch):
-    """select_config replaced by m_dependent_selector; the plan cache and settings restored."""
+    """select_config replaced by m_dependent_selector, and batch-invariant configs by ones
+    with K chunks split for few rows; the plan cache and settings restored."""
     monkeypatch.setattr(plan, "select_config", m_dependent_selector)
+    monkeypatch.setattr(plan, "select_invariant_config", chunked_invariant_selector)
     launch.clear_plans()
     before = settings.current()
     yield

@@ -22,6 +22,11 @@ class TileConfig:
     # for M <= 16 the output's few rows become a narrow tile's columns, and the weight
     # streams through the wide side instead of filling a 64-row tile with padding.
     swap_ab: bool = False
+    # Batch-invariant launches: K summed in this many chunks, each accumulated from zero
+    # and then added up in chunk order. split_k is then 1 (the chunks run in turn inside a
+    # tile) or k_chunks (each chunk a unit of its own): the same additions either way, so
+    # whether a launch splits K (decided by M) cannot change a bit.
+    k_chunks: int = 1
     # Throughput of one SM with this tile, relative to the best tile (select_config's model).
     efficiency: float = dataclasses.field(default=1.0, compare=False)
 
@@ -69,6 +74,36 @@ FP32_CONFIGS = (
 SWAP_MAX_M = 16
 HALF_SWAPPED_CONFIGS = (TileConfig(128, 16, 128, num_warps=4, num_stages=5, swap_ab=True),)
 FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_ab=True),)
+
+# Batch-invariant tiles. An output element's bits depend on the K step (and the order of
+# the steps), not on the tile's rows and columns, warps or stages: wgmma adds one K step's
+# products alike whatever the tile (checked on the H200 for bf16, fp16 and TF32, tiles from
+# 128x256 to 64x16: NOTES.md step 24). So every tile of a dtype takes one K step, and the
+# tile still follows M; narrow ones give decode launches enough tiles. Efficiencies of the
+# narrow tiles are assumed, not measured. With K in chunks (k_chunks > 1), a chunk's
+# accumulator and the running total both live in registers: at most 64 fp32 values a
+# thread each, so 128x128 takes 8 warps and 128x256 is out.
+HALF_INVARIANT_CONFIGS = (
+    TileConfig(128, 256, 64, num_warps=8, num_stages=3, efficiency=1.0),
+    TileConfig(128, 128, 64, num_warps=4, num_stages=4, efficiency=0.95),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, efficiency=0.93),
+    TileConfig(128, 64, 64, num_warps=4, num_stages=4, efficiency=0.75),
+    TileConfig(64, 64, 64, num_warps=4, num_stages=4, efficiency=0.5),
+    TileConfig(64, 32, 64, num_warps=4, num_stages=4, efficiency=0.3),
+)
+FP32_INVARIANT_CONFIGS = (
+    TileConfig(128, 256, 32, num_warps=8, num_stages=3, efficiency=1.0),
+    TileConfig(128, 128, 32, num_warps=8, num_stages=4, efficiency=0.87),
+    TileConfig(128, 64, 32, num_warps=4, num_stages=4, efficiency=0.65),
+    TileConfig(64, 64, 32, num_warps=4, num_stages=4, efficiency=0.45),
+    TileConfig(64, 32, 32, num_warps=4, num_stages=4, efficiency=0.25),
+)
+MAX_CHUNKED_VALUES_PER_THREAD = 64
+# Each chunk after the first restarts the tile's pipeline: ~3-4 K steps of time each on the
+# H200 (128x128, 8192^3 and 4096^3: 2 chunks cost 3-4%, 4 chunks 10-13%; NOTES.md step 24).
+CHUNK_RESTART_K_STEPS = 4
+# Routing decides batch-invariant GEMMs as for this many rows (a prefill's), whatever M is.
+INVARIANT_PREFILL_M = 4096
 
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_K_PER_SPLIT = 256  # shorter slices spend more on the pipeline's fill than on the dot
@@ -133,3 +168,52 @@ def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
             if best_cost is None or cost < best_cost:
                 best, best_cost = dataclasses.replace(config, split_k=split_k), cost
     return best
+
+
+def k_chunk_choices(k: int, block_k: int) -> list[int]:
+    """Chunk counts for K that leave no chunk empty (chunks hold whole K steps, the same
+    as split-K slices: ceil(steps / chunks) each) and none shorter than MIN_K_PER_SPLIT."""
+    steps = -(-k // block_k)
+    return [c for c in SPLIT_K_CHOICES
+            if c == 1 or (k // c >= MIN_K_PER_SPLIT and -(-steps // -(-steps // c)) == c)]
+
+
+def _fits_chunked(config: TileConfig) -> bool:
+    return config.block_m * config.block_n // (config.num_warps * 32) <= MAX_CHUNKED_VALUES_PER_THREAD
+
+
+def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candidates, units: int,
+                      allow_split_k: bool) -> tuple[float, TileConfig]:
+    """The modeled fastest (cost, config) for K in `chunks` chunks: any tile that holds them,
+    the chunks summed in each tile or (allow_split_k) each a split-K unit."""
+    best = None
+    for config in candidates:
+        if chunks > 1 and not _fits_chunked(config):
+            continue
+        restarts = (chunks - 1) * CHUNK_RESTART_K_STEPS * config.block_k
+        for split in ((1, chunks) if allow_split_k and chunks > 1 else (1,)):
+            if split > 1 and num_tiles(m, n, batches, config) * split > 2 * units:
+                continue
+            cost = _modeled_cost(m, n, k + (restarts if split == 1 else 0), batches, config, split, units)
+            if best is None or cost < best[0]:
+                best = (cost, dataclasses.replace(config, split_k=split, k_chunks=chunks))
+    return best
+
+
+def select_invariant_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype, device: torch.device,
+                            *, allow_split_k: bool = True) -> TileConfig:
+    """Batch-invariant launches: each output element summed in an order set by (N, K) alone,
+    whatever M and the batch count. The K step is the dtype's; K is cut into chunks only
+    where a decode launch could not otherwise keep half the SMs busy: the fewest chunks
+    that let the narrowest tile's columns do so (every launch of that (N, K) then pays a
+    pipeline restart per chunk and tiles that hold two accumulators). Then the tile, and
+    whether the chunks are split-K units, follow this launch's M by the cost model. No
+    swap: it changes which operand a tile's rows come from."""
+    if device.type == "cpu":
+        return INTERPRETER_CONFIG
+    candidates = FP32_INVARIANT_CONFIGS if dtype == torch.float32 else HALF_INVARIANT_CONFIGS
+    units = devices.num_compute_units(device)
+    decode_tiles = -(-n // min(config.block_n for config in candidates))
+    choices = k_chunk_choices(k, candidates[0].block_k)
+    chunks = next((c for c in choices if 2 * decode_tiles * c >= units), choices[-1])
+    return _invariant_choice(m, n, k, batches, chunks, candidates, units, allow_split_k)[1]

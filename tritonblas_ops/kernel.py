@@ -153,12 +153,49 @@ def _tile_product(
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNKS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
+    USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
+):
+    """One output tile's fp32 product over K in [k_begin, k_end), in a fixed order.
+
+    K_CHUNKS > 1 (batch-invariant launches): the range in K_CHUNKS chunks of whole K steps,
+    each accumulated from zero and added to a total in order, exactly as split-K's partials
+    of those chunks are summed, so splitting K or not gives the same bits. Each chunk is a
+    loop of its own: a chunk's end tested inside one loop keeps Triton from pipelining the
+    MMAs (NOTES.md step 24).
+    """
+    if K_CHUNKS == 1:
+        return _k_range_product(
+            a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, k_begin, k_end, M, N,
+            stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX, USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
+        )
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_per_chunk = tl.cdiv(tl.cdiv(k_end - k_begin, BLOCK_K), K_CHUNKS) * BLOCK_K
+    for chunk in range(K_CHUNKS):
+        # A chunk past K's end (planning leaves none) adds a zero, as split-K's empty slice.
+        chunk_begin = k_begin + chunk * k_per_chunk
+        total += _k_range_product(
+            a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, chunk_begin,
+            tl.minimum(k_end, chunk_begin + k_per_chunk), M, N,
+            stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX, USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
+        )
+    return total
+
+
+@triton.jit
+def _k_range_product(
+    a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, k_begin, k_end, M, N,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
 ):
-    """One output tile's fp32 product over K in [k_begin, k_end), in a fixed order. Edges are
-    exact: rows and columns past M, N, k_end are read as zeros (no index wrapping).
+    """A tile's fp32 product over K in [k_begin, k_end), accumulated from zero in K order.
+    Edges are exact: rows and columns past M, N, k_end are read as zeros (no index wrapping).
 
     USE_TMA: operands move through the program's tensor descriptors (Hopper's copy engine),
     which clip the edges in hardware; K slices end on multiples of BLOCK_K, so only the last
@@ -290,7 +327,9 @@ def ws_matmul_kernel(
     alpha, beta,  # fp32 (eager), or fp64 where Inductor types Python floats so: rounded below
     max_spins,  # polls of an arrival counter before a split-K sum gives up
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SUM_ROWS: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    K_CHUNKS: tl.constexpr,  # chunks of a unit's K range summed in turn (batch-invariant), or 1
+    SUM_ROWS: tl.constexpr,
     NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr,
     WORK_STEALING: tl.constexpr,
     CHECKED: tl.constexpr,  # tally the units done, for the host to compare (checked launches)
@@ -344,7 +383,7 @@ def ws_matmul_kernel(
         acc = _tile_product(
             a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, k_begin, k_end, M, N, K,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX,
+            BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNKS, INPUT_PRECISION, INT64_INDEX,
             USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
         )
         # The next unit is claimed before this one's epilogue, which hides the atomic's

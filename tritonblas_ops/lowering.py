@@ -54,9 +54,10 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.virtualized import V
 
 from tritonblas_ops import _compat, settings
+from tritonblas_ops.config import INVARIANT_PREFILL_M
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES
-from tritonblas_ops.plan import BATCH_INVARIANT_M, Operand, OperandCopy, Outcome, plan, tf32_enabled
+from tritonblas_ops.plan import Operand, OperandCopy, Outcome, plan, tf32_enabled
 from tritonblas_ops.settings import Path, Policy
 
 aten = torch.ops.aten
@@ -71,10 +72,10 @@ def _auto_routes(batches: int, m: int, n: int, k: int) -> bool:
     """Policy "auto": whether the kernel is expected to come within ~10% of cuBLAS alone
     (and so beat it once other work holds SMs): on the H200 bf16 corpus every aligned shape
     with M, N >= 2048 did, smaller or unaligned ones lost (benchmarks/NOTES.md step 3).
-    Batch-invariant: decided as for BATCH_INVARIANT_M rows, so whether a GEMM is routed does
+    Batch-invariant: decided as for INVARIANT_PREFILL_M rows, so whether a GEMM is routed does
     not depend on M either."""
     if settings.current().batch_invariant:
-        batches, m = 1, BATCH_INVARIANT_M
+        batches, m = 1, INVARIANT_PREFILL_M
     return (
         batches * m * n * k >= 2**34  # smaller: bound by the host's time per call
         and m >= 2048

@@ -14,7 +14,7 @@ import torch
 
 from tritonblas_ops import device as devices
 from tritonblas_ops import scheduler
-from tritonblas_ops.config import TileConfig, num_tiles, select_config
+from tritonblas_ops.config import TileConfig, num_tiles, select_config, select_invariant_config
 from tritonblas_ops.scheduler import WorkQueue
 
 
@@ -52,11 +52,6 @@ TF32_COPY_MIN_FLOPS_PER_BYTE = 64
 # Copies pad rows to whole 128-byte lines, not to the 16 bytes descriptors need: a box row
 # that starts mid-line touches two lines (NOTES.md step 16).
 COPY_ROW_BYTES = 128
-
-# Batch-invariant launches take the tile select_config picks for this many rows (a prefill's
-# GEMM), whatever M is: the same for every M, and the one big GEMMs run with anyway.
-BATCH_INVARIANT_M = 4096
-
 
 @dataclasses.dataclass(frozen=True)
 class Operand:
@@ -171,7 +166,9 @@ class LaunchPlan:
             stride_bias_m=stride_bias[0], stride_bias_n=stride_bias[1],
             alpha=alpha, beta=beta, max_spins=self.max_spins,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            GROUP_M=config.group_m, SPLIT_K=config.split_k, SUM_ROWS=config.sum_rows,
+            GROUP_M=config.group_m, SPLIT_K=config.split_k,
+            K_CHUNKS=config.k_chunks if config.split_k == 1 else 1,  # split: a unit is a chunk
+            SUM_ROWS=config.sum_rows,
             **self.queue.kernel_constants(),
             CHECKED=self.checked,
             INPUT_PRECISION=self.input_precision,
@@ -207,10 +204,12 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     only pay on real data, and descriptors made by the programs. Inductor passes `hint` (the
     sizes it plans for), `dynamic` (some size is symbolic: one program per SM, no K split,
     no swap) and `fits_int32` (whether an offset is known to stay below 2**31 - 1). `out`:
-    the (B, M, N) output's layout when it is not a fresh tensor's. batch_invariant: the tile
-    choice ignores M and the batch count, with no K split and no swap, so each output
-    element is summed in the same order whatever rows share the launch (a tile's rows are
-    computed alike: the same K steps, the same MMAs, masked rows or not). max_programs: an
+    the (B, M, N) output's layout when it is not a fresh tensor's. batch_invariant: the K
+    step and K chunks ignore M and the batch count (no swap), so each output element is
+    summed in the same order whatever rows share the launch (a tile's rows are computed
+    alike, masked or not; the tile's size does not change a K step's sums); M picks only
+    the tile and whether the chunks run as split-K units, which add the same values in the
+    same order. max_programs: an
     SM budget (budget.py) capping the grid; the tile choice ignores it, so results do not
     depend on it. live_budget: a LiveBudget's device word, which the programs read between
     units (they leave at or above it): the launch then steals work whatever its size, since
@@ -242,11 +241,14 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     if knobs.config is not None:
         config = knobs.config
     elif batch_invariant:
-        config = select_config(BATCH_INVARIANT_M, hint(n), hint(k), 1, dtype, device,
-                               allow_split_k=False, allow_swap_ab=False)
+        config = select_invariant_config(hint(m), hint(n), hint(k), hint(batches), dtype, device,
+                                         allow_split_k=not dynamic)
     else:
         config = select_config(hint(m), hint(n), hint(k), hint(batches), dtype, device,
                                allow_split_k=not dynamic, allow_swap_ab=not dynamic)
+    if config.k_chunks > 1 and config.split_k not in (1, config.k_chunks):
+        raise ValueError(f"a config with k_chunks={config.k_chunks} splits K into 1 or {config.k_chunks} "
+                         f"units, not {config.split_k}")
     swap_ab = config.swap_ab
     if swap_ab:  # C^T = B^T @ A^T: the same kernel on transposed views
         a, b, c = b.transposed(), a.transposed(), c.transposed()
