@@ -1,8 +1,6 @@
 """SMs handed to a kernel launched while a GEMM runs (issue "SMs on demand", part 1).
 
-    python -m benchmarks.handoff --out benchmarks/results/h200_handoff_floor.csv
-
-(h200_handoff.csv holds the rows of the first run, before `idle` and `write_us`.)
+    python -m benchmarks.handoff --out benchmarks/results/h200_handoff.csv
 
 A GEMM is queued on one stream; REQUEST_US later (host time) another stream asks for H
 whole SMs: sm_hog's kernel, H blocks that each take a whole SM and spin for HOLD_US, on a
@@ -20,7 +18,7 @@ Providers:
   torch_mm_carveout  cuBLAS with torch's SM carve-out set to H before the GEMM launches
   ws                 ws_mm, no live budget: the late kernel waits for programs to finish
   ws_live            ws_mm under a LiveBudget, lowered to SMs - H on the late stream (a
-                     4-byte copy) right before the late kernel
+                     stream write) right before the late kernel
   idle               no GEMM; the late side of ws_live (the write, then the kernel): the floor
 Each row: the median of TRIALS trials, providers taking turns.
 """
@@ -170,7 +168,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--held", type=lambda s: [int(x) for x in s.split(",")], default=HELD)
     parser.add_argument("--providers", type=lambda s: s.split(","), default=PROVIDERS)
     parser.add_argument("--trials", type=int, default=TRIALS)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/h200_handoff_floor.csv"))
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/h200_handoff.csv"))
     args = parser.parse_args(argv)
     unknown = sorted(set(args.providers) - set(PROVIDERS))
     if unknown:
