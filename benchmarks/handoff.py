@@ -40,6 +40,9 @@ SHAPES = [(8192, 8192, 8192), (8192, 14336, 4096)]
 HELD = [8, 16, 33]
 PROVIDERS = ["torch_mm", "torch_mm_carveout", "ws", "ws_live", "idle"]
 WRITES = {"ws_live", "idle"}  # providers whose late side writes the budget first
+# A trial takes milliseconds: waiting longer than this for its streams is a stall, reported
+# with the setting that stalled instead of hanging the run (two full runs did: RESULTS.md).
+TRIAL_TIMEOUT_S = 20.0
 REQUEST_US = 200.0
 HOLD_US = 100.0
 TRIALS = 7
@@ -59,13 +62,26 @@ class HandoffRow(results.RunFields):
     write_us: float | None  # from the request until the budget's write was done (median)
 
 
+def _finish(streams, label: str) -> None:
+    """Wait for the work queued so far on `streams`, at most TRIAL_TIMEOUT_S."""
+    events = []
+    for stream in streams:
+        events.append(torch.cuda.Event())
+        events[-1].record(stream)
+    deadline = time.monotonic() + TRIAL_TIMEOUT_S
+    while not all(event.query() for event in events):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"handoff: {label}: the GPU work did not finish within {TRIAL_TIMEOUT_S} s")
+        time.sleep(1e-4)
+
+
 def _spin_us(us: float) -> None:
     end = time.perf_counter() + us * 1e-6
     while time.perf_counter() < end:
         pass
 
 
-def trial(gemm, hog: sm_hog.Hog, live, programs: int, *, with_late: bool) -> tuple:
+def trial(gemm, hog: sm_hog.Hog, live, programs: int, *, with_late: bool, label: str) -> tuple:
     """(request offset us, wait us, write us, GEMM ms) of one trial: the first three None
     without a late kernel, write us None without a budget (`live`), GEMM ms None without one."""
     main, late = torch.cuda.current_stream(), hog.stream
@@ -76,7 +92,7 @@ def trial(gemm, hog: sm_hog.Hog, live, programs: int, *, with_late: bool) -> tup
         gemm()
     g1.record(main)
     if not with_late:
-        g1.synchronize()
+        _finish([main], f"{label}, alone")
         return None, None, None, g0.elapsed_time(g1) if gemm is not None else None
     _spin_us(REQUEST_US)
     # Between r0 and r1: the write and the launch, nothing the host could have done before.
@@ -88,7 +104,7 @@ def trial(gemm, hog: sm_hog.Hog, live, programs: int, *, with_late: bool) -> tup
     r1.record(late)
     if live is not None:
         live.restore(late)
-    torch.cuda.synchronize()
+    _finish([main, late], f"{label}, with the late kernel")
     hold.check_distinct_sms()
     write_us = r0.elapsed_time(w1) * 1e3 if live is not None else None
     gemm_ms = g0.elapsed_time(g1) if gemm is not None else None
@@ -107,7 +123,7 @@ def measure(shape, held: int, priority: str, args) -> list:
     hog.launch(HOLD_US / 1e3).check_distinct_sms()
     live.lower(programs, late)
     live.restore(late)
-    torch.cuda.synchronize()
+    _finish([late], f"{m}x{n}x{k}, H = {held}, the budget's first writes")
     gemms = {"torch_mm": lambda: torch.mm(a, b), "torch_mm_carveout": lambda: torch.mm(a, b),
              "ws": lambda: torch.ops.tritonblas.ws_mm(a, b), "ws_live": lambda: torch.ops.tritonblas.ws_mm(a, b),
              "idle": None}
@@ -121,8 +137,9 @@ def measure(shape, held: int, priority: str, args) -> list:
             writer = live if p in WRITES else None
             try:
                 with live if p == "ws_live" else contextlib.nullcontext():
-                    alone_ms = trial(gemms[p], hog, None, programs, with_late=False)[3]
-                    sample = trial(gemms[p], hog, writer, programs, with_late=True)
+                    label = f"{m}x{n}x{k}, {p}, H = {held}, {priority} priority, trial {t}"
+                    alone_ms = trial(gemms[p], hog, None, programs, with_late=False, label=label)[3]
+                    sample = trial(gemms[p], hog, writer, programs, with_late=True, label=label)
             finally:
                 if carveout:
                     torch._C._set_sm_carveout_experimental(None)

@@ -125,3 +125,29 @@ def test_handoff_rows_carry_the_idle_floor_and_the_write_time(tmp_path, capsys):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             handoff.main(["--out", str(out)])
+
+
+def test_a_stalled_handoff_trial_is_reported_not_waited_for(monkeypatch):
+    """The handoff harness waits for a trial's streams at most TRIAL_TIMEOUT_S and then
+    names the setting, instead of hanging in torch.cuda.synchronize()."""
+    from benchmarks import handoff
+
+    class Event:  # a stand-in for torch.cuda.Event: done after `polls` queries, or never
+        polls = None
+
+        def record(self, stream):
+            self.left = Event.polls
+
+        def query(self):
+            if self.left is None:
+                return False
+            self.left -= 1
+            return self.left < 0
+
+    monkeypatch.setattr(handoff.torch.cuda, "Event", Event)
+    monkeypatch.setattr(handoff, "TRIAL_TIMEOUT_S", 0.05)
+    Event.polls = 3
+    handoff._finish(["main", "late"], "finishes")
+    Event.polls = None
+    with pytest.raises(TimeoutError, match="8x8x8, ws_live, H = 8"):
+        handoff._finish(["main", "late"], "8x8x8, ws_live, H = 8")
