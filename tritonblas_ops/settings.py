@@ -157,8 +157,8 @@ def batch_invariant(enabled: bool) -> None:
     """Batch-invariant numerics (also TRITONBLAS_OPS_BATCH_INVARIANT=1): every ws GEMM from
     now on, explicit or in graphs compiled from now on, computes each output element in an
     order that does not depend on the rows beside it: ws_mm(a[:m], b)[i] is bitwise equal to
-    ws_mm(a, b)[i] for every m. Costs speed where M alone would pick another tile, a K split
-    or the transposed decode path (benchmarks/RESULTS.md)."""
+    ws_mm(a, b)[i] for every m. Costs speed where M alone would pick a K split or the
+    transposed decode path: decode, K-heavy and skinny shapes (benchmarks/RESULTS.md)."""
     update(batch_invariant=bool(enabled))
 
 
