@@ -83,17 +83,13 @@ FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_
 # narrow tiles are assumed, not measured. With K in chunks (k_chunks > 1), a chunk's
 # accumulator and the running total both live in registers: at most 64 fp32 values a
 # thread each, so 128x128 takes 8 warps and 128x256 is out.
-HALF_INVARIANT_CONFIGS = (
-    TileConfig(128, 256, 64, num_warps=8, num_stages=3, efficiency=1.0),
-    TileConfig(128, 128, 64, num_warps=4, num_stages=4, efficiency=0.95),
+HALF_INVARIANT_CONFIGS = HALF_CONFIGS[:2] + (  # those of one K step, and narrower ones
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, efficiency=0.93),
     TileConfig(128, 64, 64, num_warps=4, num_stages=4, efficiency=0.75),
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, efficiency=0.5),
     TileConfig(64, 32, 64, num_warps=4, num_stages=4, efficiency=0.3),
 )
-FP32_INVARIANT_CONFIGS = (
-    TileConfig(128, 256, 32, num_warps=8, num_stages=3, efficiency=1.0),
-    TileConfig(128, 128, 32, num_warps=8, num_stages=4, efficiency=0.87),
+FP32_INVARIANT_CONFIGS = FP32_CONFIGS[:2] + (
     TileConfig(128, 64, 32, num_warps=4, num_stages=4, efficiency=0.65),
     TileConfig(64, 64, 32, num_warps=4, num_stages=4, efficiency=0.45),
     TileConfig(64, 32, 32, num_warps=4, num_stages=4, efficiency=0.25),
