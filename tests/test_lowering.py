@@ -629,17 +629,20 @@ def test_gpu_linear_forward_and_backward(dtype, path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["opaque", "inline"])
 def test_gpu_llama_block_is_fully_routed(path):
-    """The block of benchmarks/bench_block.py (run from the repository root: python -m pytest)."""
-    from benchmarks.bench_block import BATCH, HIDDEN, SEQ, LlamaBlock
+    """The small Llama block of benchmarks/models.py (run from the repository root: python -m
+    pytest): its seven projections (q, k, v, o, gate, up, down) routed, two GEMMs each in
+    the backward, none left to cuBLAS."""
+    from benchmarks.models import MODELS, LlamaBlock
 
     settings.update(path=path)
+    shape = MODELS["llama_small"]
     torch.manual_seed(0)
-    block = LlamaBlock().cuda().to(torch.bfloat16)
-    x = randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    block = LlamaBlock(shape).cuda().to(torch.bfloat16)
+    x = randn(shape.batch, shape.seq, shape.hidden, dtype=torch.bfloat16, device="cuda", requires_grad=True)
 
     out, forward_code = compile_and_run(block, x)
     backward = backward_code(out)
-    for code, gemms in ((forward_code, LlamaBlock.GEMMS), (backward, 2 * LlamaBlock.GEMMS)):
+    for code, gemms in ((forward_code, 7), (backward, 14)):
         assert len(routed_calls(code)) == gemms
         assert not re.search(r"extern_kernels\.(mm|addmm|bmm)\(", code)
 
@@ -651,7 +654,7 @@ def test_gpu_llama_block_is_fully_routed(path):
     eager_out = block(x)
     eager_out.sum().backward()
     eager = [eager_out, x.grad] + [p.grad for p in block.parameters()]
-    block32 = LlamaBlock().cuda()
+    block32 = LlamaBlock(shape).cuda()
     block32.load_state_dict({name: p.float() for name, p in block.state_dict().items()})
     x32 = x.detach().float().requires_grad_()
     out32 = block32(x32)
