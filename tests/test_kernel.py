@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from tritonblas_ops import counters, interpreter, launch, relayout, scheduler
+from tritonblas_ops import activations, counters, interpreter, launch, relayout, scheduler
 from tritonblas_ops.config import TileConfig
 from tritonblas_ops.launch import ws_matmul
 from tritonblas_ops.plan import Knobs, Schedule
@@ -216,6 +216,32 @@ def test_bias_epilogue_with_alpha_and_beta():
                  torch.tensor(0.75)]:
         out = ws_matmul(a, b, bias, alpha=0.5, beta=-2.0, config=SMALL)
         assert_matches(out, matmul_ref(a, b, bias, alpha=0.5, beta=-2.0), REL_TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_epilogue_activations_match_torchs(activation, dtype):
+    """act(alpha * a @ b + beta * bias) from the epilogue: torch's activation of the float64
+    reference, through whole tiles, split-K sums and the K = 0 fill; the activation is part
+    of the cached plan (the same shape without it is plain)."""
+    tol = REL_TOLERANCE[dtype]
+    a, b, bias = torch.randn(45, 70, dtype=dtype), torch.randn(70, 38, dtype=dtype), torch.randn(38, dtype=dtype)
+    reference = activations.apply(matmul_ref(a, b, bias, alpha=1.5, beta=0.5), activation)
+    for config in (SMALL, dataclasses.replace(SMALL, split_k=3)):
+        out = ws_matmul(a, b, bias, alpha=1.5, beta=0.5, config=config, activation=activation)
+        assert_matches(out, reference, tol)
+    assert_matches(ws_matmul(a, b, bias, alpha=1.5, beta=0.5, activation=activation), reference, tol)
+    assert_matches(ws_matmul(a, b, bias, alpha=1.5, beta=0.5), matmul_ref(a, b, bias, alpha=1.5, beta=0.5), tol)
+    empty_k = ws_matmul(a[:, :0], b[:0], bias, beta=0.5, activation=activation)
+    torch.testing.assert_close(empty_k, activations.apply(0.5 * bias, activation).expand(45, 38))
+    # Large magnitudes: the tanh form saturates without overflow or NaN.
+    big = ws_matmul(100 * a, b, activation=activation, config=SMALL)
+    assert_matches(big, activations.apply(matmul_ref(100 * a, b), activation), tol)
+
+
+def test_an_unknown_activation_is_refused():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ws_matmul(torch.randn(4, 4), torch.randn(4, 4), activation="tanh")
 
 
 def test_cpu_bfloat16_is_right_despite_the_interpreters_bf16_dot():

@@ -268,14 +268,33 @@ def _slice_sum(partials_ptr, tile, row0, SPLIT_K: tl.constexpr, ROWS: tl.constex
 
 
 @triton.jit
+def _activation(x, ACTIVATION: tl.constexpr):
+    """The epilogue's activation of fp32 x, as torch defines it: "none", "relu", "gelu"
+    (erf), "gelu_tanh" (tanh(z) as 1 - 2 / (exp(2z) + 1): Triton has no tanh of its own,
+    and this form saturates cleanly at both ends), "silu"."""
+    if ACTIVATION == "relu":
+        x = tl.maximum(x, 0.0)
+    elif ACTIVATION == "gelu":
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif ACTIVATION == "gelu_tanh":
+        z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        x = 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
+    elif ACTIVATION == "silu":
+        x = x * tl.sigmoid(x)
+    else:
+        tl.static_assert(ACTIVATION == "none", "unknown activation")
+    return x
+
+
+@triton.jit
 def _store_tile(
     acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
     stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
     alpha, beta,
     ROWS: tl.constexpr, COLS: tl.constexpr, INT64_INDEX: tl.constexpr,
-    TMA_STORE: tl.constexpr,
+    TMA_STORE: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
-    """C[m0:m0 + ROWS, n0:n0 + COLS] = alpha * acc + beta * bias, rounded to C's dtype;
+    """C[m0:m0 + ROWS, n0:n0 + COLS] = act(alpha * acc + beta * bias), rounded to C's dtype;
     nothing past M, N written (the program's C descriptor, whose box is the whole tile,
     clips the edges; masked stores otherwise)."""
     offs_m = m0 + tl.arange(0, ROWS)
@@ -290,6 +309,7 @@ def _store_tile(
         bias_ptrs = bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n
         bias = tl.load(bias_ptrs, mask=in_m[:, None] & in_n[None, :], other=0.0)
         acc += beta * bias.to(tl.float32)
+    acc = _activation(acc, ACTIVATION)
     c = acc.to(c_ptr.dtype.element_ty)
     if TMA_STORE:  # descriptor coordinates stay int32; the descriptor addresses in 64 bits
         c_desc.store([batch, m0, n0], c.reshape(1, ROWS, COLS))
@@ -336,6 +356,7 @@ def ws_matmul_kernel(
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
     TMA_STORE: tl.constexpr,
+    ACTIVATION: tl.constexpr,  # of the epilogue: "none", "relu", "gelu", "gelu_tanh", "silu"
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -413,7 +434,7 @@ def ws_matmul_kernel(
             _store_tile(
                 acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
                 stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
-                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE,
+                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE, ACTIVATION,
             )
         if unit_counts_ptr is not None:
             tl.atomic_add(unit_counts_ptr + unit, 1, sem="relaxed")
@@ -455,7 +476,7 @@ def ws_matmul_kernel(
             _store_tile(
                 acc, c_ptr, c_desc, bias_ptr, batch, tile_m * BLOCK_M + row0, tile_n * BLOCK_N, M, N,
                 stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
-                alpha, beta, SUM_ROWS, BLOCK_N, INT64_INDEX, False,
+                alpha, beta, SUM_ROWS, BLOCK_N, INT64_INDEX, False, ACTIVATION,
             )
             # The tile's last sum to finish leaves its arrival counter clean for the next launch.
             if tl.atomic_add(arrivals_ptr + tile, 1, sem="relaxed") == SPLIT_K + parts_per_tile - 1:

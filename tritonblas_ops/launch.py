@@ -19,7 +19,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritonblas_ops import budget
 from tritonblas_ops import counters as counter_pool
-from tritonblas_ops import fastpath, interpreter, relayout, settings
+from tritonblas_ops import activations, fastpath, interpreter, relayout, settings
 from tritonblas_ops.config import TileConfig
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.plan import (
@@ -68,8 +68,10 @@ def ws_matmul(
     num_programs: int | None = None,
     schedule: Schedule = Schedule.WORK_STEALING,
     use_tma: bool | None = None,
+    activation: str = "none",
 ) -> torch.Tensor:
-    """alpha * a @ b + beta * bias for 2-D (M, K) @ (K, N) or 3-D (B, M, K) @ (B, K, N).
+    """activation(alpha * a @ b + beta * bias) for 2-D (M, K) @ (K, N) or 3-D (B, M, K) @
+    (B, K, N); activation one of activations.ACTIVATIONS, applied by the epilogue.
 
     The plain Python entry point under the torch ops, with the knobs they keep at their
     defaults: tile config, shard count, grid size, schedule and load path. Inputs must
@@ -80,15 +82,15 @@ def ws_matmul(
     if (config is None and num_shards is None and num_programs is None and use_tma is None
             and schedule is Schedule.WORK_STEALING
             and type(a) in _PLAIN and type(b) in _PLAIN and type(bias) in _PLAIN):
-        return _cached_call(a, b, bias, alpha, beta)
+        return _cached_call(a, b, bias, alpha, beta, activation)
     knobs = Knobs(config, num_shards, num_programs, schedule, use_tma)
-    return execute(plan_for(a, b, bias, alpha, beta, knobs), a, b, bias, alpha, beta)[0]
+    return execute(plan_for(a, b, bias, alpha, beta, knobs, activation=activation), a, b, bias, alpha, beta)[0]
 
 
 def plan_for(a, b, bias, alpha: float, beta: float, knobs: Knobs = Knobs(), *,
-             out: torch.Tensor | None = None) -> LaunchPlan:
-    """The plan of alpha * a @ b + beta * bias on these tensors (real or traced); `out`:
-    a 3-D output view of another layout than a fresh one (tests)."""
+             out: torch.Tensor | None = None, activation: str = "none") -> LaunchPlan:
+    """The plan of activation(alpha * a @ b + beta * bias) on these tensors (real or
+    traced); `out`: a 3-D output view of another layout than a fresh one (tests)."""
     traced = is_fake(a)
     capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
     return plan(
@@ -101,6 +103,7 @@ def plan_for(a, b, bias, alpha: float, beta: float, knobs: Knobs = Knobs(), *,
         max_programs=None if traced else budget.program_limit(a.device),
         live_budget=None if traced else budget.live_budget_word(a.device),
         out=Operand.of(out, traced=traced) if out is not None else None,
+        activation=activation,
     )
 
 
@@ -120,7 +123,9 @@ def execute(plan: LaunchPlan, a, b, bias, alpha: float, beta: float):
     if plan.outcome is Outcome.EMPTY:
         return out, None, None
     if plan.outcome is Outcome.FILL:
-        out.copy_(beta * bias.expand(out.shape[-2:]) if plan.keep_bias else torch.zeros_like(out))
+        # Every activation maps 0 to 0.
+        out.copy_(activations.apply(beta * bias.expand(out.shape[-2:]), plan.activation)
+                  if plan.keep_bias else torch.zeros_like(out))
         return out, None, None
     a_arg, b_arg, bias_arg, partials = operands(plan, a, b, bias)
     numel = plan.queue.numel
@@ -291,24 +296,25 @@ def cached_plans() -> list[LaunchPlan]:
     return [cached.plan for cached in list(_cache.values())]
 
 
-def _plan_key(a, b, bias, alpha, beta) -> tuple:
+def _plan_key(a, b, bias, alpha, beta, activation) -> tuple:
     """Everything a plan depends on besides the data: shapes, strides, dtype, device, the
     operands' 16-byte alignment (Triton specializes on it; so does the TMA choice), the
     bias's layout, the special values of alpha and beta, TF32, the shard setting, whether
-    the launch is checked, batch invariance, and the SM budgets (static and live)."""
+    the launch is checked, batch invariance, the SM budgets (static and live), and the
+    epilogue's activation."""
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(),
             None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16),
             a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
             a.dtype == torch.float32 and tf32_enabled(), shard_setting(),
             _checked and not (a.is_cuda and torch.cuda.is_current_stream_capturing()),
-            settings.current().batch_invariant, budget.key(a.get_device()))
+            settings.current().batch_invariant, budget.key(a.get_device()), activation)
 
 
-def _cached_call(a, b, bias, alpha: float, beta: float) -> torch.Tensor:
-    key = _plan_key(a, b, bias, alpha, beta)
+def _cached_call(a, b, bias, alpha: float, beta: float, activation: str = "none") -> torch.Tensor:
+    key = _plan_key(a, b, bias, alpha, beta, activation)
     cached = _cache.get(key)
     if cached is None:
-        the_plan = plan_for(a, b, bias, alpha, beta)
+        the_plan = plan_for(a, b, bias, alpha, beta, activation=activation)
         out, compiled, args = execute(the_plan, a, b, bias, alpha, beta)
         _remember(key, the_plan, compiled, args, a.is_cuda)
         return out

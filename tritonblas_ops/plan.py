@@ -14,6 +14,7 @@ import torch
 
 from tritonblas_ops import device as devices
 from tritonblas_ops import scheduler
+from tritonblas_ops.activations import ACTIVATIONS
 from tritonblas_ops.config import TileConfig, num_tiles, select_config, select_invariant_config
 from tritonblas_ops.scheduler import WorkQueue
 
@@ -144,6 +145,7 @@ class LaunchPlan:
     # int32 (1,) on the device: budget.LiveBudget's word, read by the programs between
     # units (those at or above it leave), or None
     live_budget: torch.Tensor | None = dataclasses.field(default=None, compare=False)
+    activation: str = "none"  # applied by the epilogue: one of ACTIVATIONS
 
     def arguments(self, a, b, c, bias, counters, partials, descriptors, alpha, beta, *,
                   unit_counts=None, sizes=None, strides=None) -> dict:
@@ -175,6 +177,7 @@ class LaunchPlan:
             INT64_INDEX=self.int64_index,
             USE_TMA=self.use_tma, A_ROW_MAJOR=self.a_row_major, B_ROW_MAJOR=self.b_row_major,
             TMA_STORE=self.tma_store,
+            ACTIVATION=self.activation,
         )
 
     @property
@@ -194,7 +197,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
          device: torch.device, alpha_zero: bool, beta_zero: bool, tf32: bool,
          knobs: Knobs = _DEFAULT_KNOBS, traced: bool = False, checked: bool = False,
          batch_invariant: bool = False, max_programs: int | None = None,
-         live_budget: torch.Tensor | None = None,
+         live_budget: torch.Tensor | None = None, activation: str = "none",
          hint: Callable = lambda size: size, dynamic: bool = False,
          fits_int32: Callable[[object], bool] | None = None, out: Operand | None = None) -> LaunchPlan:
     """The launch of alpha * a @ b + beta * bias for (B, M, K) and (B, K, N) operands (a 2-D
@@ -213,17 +216,20 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     SM budget (budget.py) capping the grid; the tile choice ignores it, so results do not
     depend on it. live_budget: a LiveBudget's device word, which the programs read between
     units (they leave at or above it): the launch then steals work whatever its size, since
-    a static schedule cannot lose programs.
+    a static schedule cannot lose programs. activation: applied to alpha * a @ b + beta *
+    bias by the epilogue (ACTIVATIONS), so act(x @ w + b) needs no pass of its own.
     """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     batches, m, k = a.shape
     n = b.shape[2]
     out_shape = (batches, m, n) if batched else (m, n)
     compute_dtype = torch.float32 if device.type == "cpu" and dtype == torch.bfloat16 else dtype
     keep_bias = bias is not None and not beta_zero
     if hint(batches) * hint(m) * hint(n) == 0:
-        return LaunchPlan(Outcome.EMPTY, out_shape, compute_dtype, keep_bias)
+        return LaunchPlan(Outcome.EMPTY, out_shape, compute_dtype, keep_bias, activation=activation)
     if hint(k) == 0 or alpha_zero:  # as BLAS and torch.addmm: A, B and alpha not read
-        return LaunchPlan(Outcome.FILL, out_shape, compute_dtype, keep_bias)
+        return LaunchPlan(Outcome.FILL, out_shape, compute_dtype, keep_bias, activation=activation)
 
     # Hopper's wgmma reads TF32 operands from shared memory only K-major; Triton otherwise
     # copies each tile through registers and cannot overlap the MMAs (NOTES.md step 11):
@@ -305,6 +311,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         max_spins=scheduler.MAX_SPINS,
         checked=checked,
         live_budget=live_budget,
+        activation=activation,
     )
 
 
