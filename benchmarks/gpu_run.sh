@@ -55,7 +55,7 @@ has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/h200_bf16.csv
 for group in small 8b; do
   if has models_$group; then
     [[ $group == small ]] && list=gpt2_mlp,llama_small,decode_8b_t1,decode_8b_t16 || list=llama_8b
-    python3 -m benchmarks.models --models $list --variants default,routed,routed_inline --held 0,16,33 \
+    python3 -m benchmarks.models --models $list --variants default,routed,routed_inline,routed_fused --held 0,16,33 \
       --out "$OUT/h200_models.csv" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/models_$group.log" | tail -40
   fi
 done

@@ -1,7 +1,7 @@
 """Compiled models, default Inductor against routing: the model-level benchmark.
 
     python -m benchmarks.models [--models gpt2_mlp,llama_small,llama_8b,decode_8b_t1,decode_8b_t16]
-        [--variants default,max_autotune,routed,routed_inline] [--steps forward,train]
+        [--variants default,max_autotune,routed,routed_inline,routed_fused] [--steps forward,train]
         [--graphs off,on] [--held 0,16,33] [--trials 7] [--out benchmarks/results/h200_models.csv]
 
 Models (bf16, one block each, weights from one seed):
@@ -15,7 +15,8 @@ Models (bf16, one block each, weights from one seed):
                 KV cache of 2048 tokens: forward only
 Variants: `default` (Inductor, routing off), `max_autotune` (Inductor's GEMM autotuning,
 routing off), `routed` (every GEMM the lowering takes goes to the kernel: policy "all",
-the op call), `routed_inline` (the same, the kernel itself in the generated code).
+the op call), `routed_inline` (the same, the kernel itself in the generated code),
+`routed_fused` (`routed` with epilogue fusion: a GEMM and its activation as one op call).
 Steps: `forward` (inference, no_grad) and `train` (forward + backward, no optimizer).
 `--graphs on` compiles with CUDA graphs (Inductor's cudagraph trees, as mode="reduce-overhead").
 
@@ -51,7 +52,7 @@ except ImportError:  # the progress bar is a nicety
     def tqdm(iterable, **_):
         return iterable
 
-VARIANTS = ("default", "max_autotune", "routed", "routed_inline")
+VARIANTS = ("default", "max_autotune", "routed", "routed_inline", "routed_fused")
 STEPS = ("forward", "train")
 SAFETY = 2.0  # hog duration over the expected window, in its slowest (held) case
 ATTEMPTS = 4
@@ -167,7 +168,8 @@ def backend(variant: str, graphs: bool):
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     routed = variant.startswith("routed")
-    state = dict(enabled=routed, policy="all", path="inline" if variant == "routed_inline" else "opaque")
+    state = dict(enabled=routed, policy="all", path="inline" if variant == "routed_inline" else "opaque",
+                 fuse_epilogues=variant == "routed_fused")
     patches = {"max_autotune": variant == "max_autotune", "triton.cudagraphs": graphs}
 
     def inner_compile(*args, **kwargs):

@@ -1,6 +1,6 @@
 // torch.ops.tritonblas.* for processes without Python: the schemas, the input checks, the
 // output shapes (meta tensors, symbolic sizes included) and a plain aten fallback (at::mm /
-// addmm / bmm, on any device), so that a C++ process can load and run a model (an
+// addmm / bmm, and the activation after them for ws_mm_act, on any device), so that a C++ process can load and run a model (an
 // AOTInductor package, an exported program) that calls these ops. No autograd formula: a
 // backward through the fallback goes through aten's, with torch's "no autograd kernel"
 // warning.
@@ -22,7 +22,10 @@
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/silu.h>
 #include <torch/library.h>
 
 #include <sstream>
@@ -36,6 +39,8 @@ constexpr const char* kWsAddmm =
     "tritonblas::ws_addmm(Tensor bias, Tensor a, Tensor b, *, float beta=1., float alpha=1.) "
     "-> Tensor";
 constexpr const char* kWsBmm = "tritonblas::ws_bmm(Tensor a, Tensor b) -> Tensor";
+constexpr const char* kWsMmAct =
+    "tritonblas::ws_mm_act(Tensor a, Tensor b, Tensor? bias, *, str activation) -> Tensor";
 
 // ---------------------------------------------------------------------------------------
 // Input checks: the same conditions and messages as tritonblas_ops/ops.py
@@ -108,12 +113,13 @@ void check_operands(const char* op, const at::Tensor& a, const at::Tensor& b, in
   }
 }
 
-void check_bias(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
-  check_tensor("ws_addmm", "bias", bias);
+void check_bias(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
+                const char* op = "ws_addmm") {
+  check_tensor(op, "bias", bias);
   TORCH_CHECK(bias.scalar_type() == a.scalar_type(),
-              "ws_addmm: bias must have the dtype of a and b (", dtype_name(a.scalar_type()),
+              op, ": bias must have the dtype of a and b (", dtype_name(a.scalar_type()),
               "), got ", dtype_name(bias.scalar_type()));
-  TORCH_CHECK(bias.device() == a.device(), "ws_addmm: bias must be on ", a.device(), ", got ",
+  TORCH_CHECK(bias.device() == a.device(), op, ": bias must be on ", a.device(), ", got ",
               bias.device());
   const c10::SymInt out[2] = {a.sym_size(0), b.sym_size(1)};
   bool broadcasts = bias.dim() <= 2;
@@ -121,7 +127,7 @@ void check_bias(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b
     const c10::SymInt& size = bias.sym_size(bias.dim() - 1 - i);
     broadcasts = size == 1 || size == out[1 - i];
   }
-  TORCH_CHECK(broadcasts, "ws_addmm: bias of shape ", shape(bias), " does not broadcast to (",
+  TORCH_CHECK(broadcasts, op, ": bias of shape ", shape(bias), " does not broadcast to (",
               out[0], ", ", out[1], ")");
 }
 
@@ -157,6 +163,32 @@ at::Tensor ws_bmm(const at::Tensor& a, const at::Tensor& b) {
     return at::empty_symint({a.sym_size(0), a.sym_size(1), b.sym_size(2)}, a.options());
   }
   return at::bmm(a, b);
+}
+
+at::Tensor ws_mm_act(const at::Tensor& a, const at::Tensor& b,
+                     const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  check_operands("ws_mm_act", a, b, 2);
+  if (bias.has_value()) {
+    check_bias(*bias, a, b, "ws_mm_act");
+  }
+  const bool known = activation == "none" || activation == "relu" || activation == "gelu" ||
+                     activation == "gelu_tanh" || activation == "silu";
+  TORCH_CHECK(known, "ws_mm_act: activation must be one of ('none', 'relu', 'gelu', ",
+              "'gelu_tanh', 'silu'), got '", activation, "'");
+  if (a.is_meta()) {
+    return at::empty_symint({a.sym_size(0), b.sym_size(1)}, a.options());
+  }
+  at::Tensor product = bias.has_value() ? at::addmm(*bias, a, b) : at::mm(a, b);
+  if (activation == "relu") {
+    return at::relu(product);
+  }
+  if (activation == "gelu" || activation == "gelu_tanh") {
+    return at::gelu(product, activation == "gelu" ? "none" : "tanh");
+  }
+  if (activation == "silu") {
+    return at::silu(product);
+  }
+  return product;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -195,4 +227,5 @@ TORCH_LIBRARY_FRAGMENT(tritonblas, m) {
   define(m, kWsMm, TORCH_FN(ws_mm));
   define(m, kWsAddmm, TORCH_FN(ws_addmm));
   define(m, kWsBmm, TORCH_FN(ws_bmm));
+  define(m, kWsMmAct, TORCH_FN(ws_mm_act));
 }

@@ -30,7 +30,7 @@ def test_python_ops_have_the_schemas_of_schemas_py():
 
 def test_cpp_library_registers_the_schemas_of_schemas_py(stubs):
     result, _ = stubs_only(stubs, """
-        for name in ("ws_mm", "ws_addmm", "ws_bmm"):
+        for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act"):
             op = getattr(torch.ops.tritonblas, name).default
             dump = torch._C._dispatch_dump(f"tritonblas::{name}")
             kernels = [line.split(":")[0] for line in dump.splitlines() if "tritonblas_stubs.cpp" in line]
@@ -75,6 +75,9 @@ def test_fallback_kernels_are_aten(stubs):
             "addmm_beta_zero_nan_bias": (ops.ws_addmm(nan_bias, a, b, beta=0.0), torch.mm(a, b)),
             "bmm": (ops.ws_bmm(a3, b3), torch.bmm(a3, b3)),
             "zero_k": (ops.ws_mm(torch.randn(4, 0), torch.randn(0, 6)), torch.zeros(4, 6)),
+            "mm_act_gelu_tanh": (ops.ws_mm_act(a, b, bias, activation="gelu_tanh"),
+                                 torch.nn.functional.gelu(torch.addmm(bias, a, b), approximate="tanh")),
+            "mm_act_silu": (ops.ws_mm_act(a, b, None, activation="silu"), torch.nn.functional.silu(a @ b)),
         }
         result["equal"] = {k: torch.equal(ours, ref) for k, (ours, ref) in cases.items()}
         meta = lambda *shape: torch.empty(shape, device="meta")
@@ -82,7 +85,12 @@ def test_fallback_kernels_are_aten(stubs):
             list(ops.ws_mm(meta(4, 5), meta(5, 6)).shape),
             list(ops.ws_addmm(meta(6), meta(4, 5), meta(5, 6)).shape),
             list(ops.ws_bmm(meta(2, 4, 5), meta(2, 5, 6)).shape),
+            list(ops.ws_mm_act(meta(4, 5), meta(5, 6), None, activation="relu").shape),
         ]
+        try:
+            ops.ws_mm_act(a, b, None, activation="tanh")
+        except RuntimeError as e:
+            result["bad_activation"] = str(e).splitlines()[0]
 
         # Under torch.compile the op stays one opaque call (no Python decomposition here), and
         # its shape function takes symbolic sizes: compiled once for two sizes.
@@ -102,7 +110,8 @@ def test_fallback_kernels_are_aten(stubs):
             str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function" and "tritonblas" in str(n.target))
     """)
     assert result["equal"] == {k: True for k in result["equal"]}
-    assert result["meta_shapes"] == [[4, 6], [4, 6], [2, 4, 6]]
+    assert result["meta_shapes"] == [[4, 6], [4, 6], [2, 4, 6], [4, 6]]
+    assert result["bad_activation"] == first_error_line("ws_mm_act", "torch.randn(19, 23), torch.randn(23, 29), None, activation='tanh'")
     assert result["compiled_close"] == [True, True]
     assert result["graphs"] == 1
     assert result["graph_targets"] == ["tritonblas.ws_addmm.default", "tritonblas.ws_mm.default"]
@@ -129,8 +138,9 @@ BAD_INPUTS = [  # (op, arguments as Python source): evaluated in both processes
 
 
 def first_error_line(op: str, args: str) -> str:
+    """The first line of the error the Python op raises on these arguments (Python source)."""
     try:
-        getattr(torch.ops.tritonblas, op)(*eval(f"({args},)"))
+        eval(f"torch.ops.tritonblas.{op}({args})")
     except RuntimeError as e:
         return str(e).splitlines()[0]
     return "no error"
@@ -183,7 +193,7 @@ LOAD_ORDER = """
 
     # Whose schema, and whose kernels are active: the Python ones, whatever the order.
     result["schema_from"], result["cpp_kernels_active"] = {{}}, {{}}
-    for name in ("ws_mm", "ws_addmm", "ws_bmm"):
+    for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act"):
         lines = torch._C._dispatch_dump(f"tritonblas::{{name}}").splitlines()
         debug = next(line for line in lines if line.startswith("debug:"))
         result["schema_from"][name] = "cpp" if "tritonblas_stubs.cpp" in debug else "python"
@@ -198,8 +208,9 @@ LOAD_ORDER = """
     a, b, bias, a3, b3 = (torch.randn(9, 10), torch.randn(10, 11), torch.randn(11),
                           torch.randn(2, 9, 10), torch.randn(2, 10, 11))
     ops_ = torch.ops.tritonblas
-    outs = [ops_.ws_mm(a, b), ops_.ws_addmm(bias, a, b, beta=0.5), ops_.ws_bmm(a3, b3)]
-    refs = [a @ b, torch.addmm(bias, a, b, beta=0.5), a3 @ b3]
+    outs = [ops_.ws_mm(a, b), ops_.ws_addmm(bias, a, b, beta=0.5), ops_.ws_bmm(a3, b3),
+            ops_.ws_mm_act(a, b, bias, activation="silu")]
+    refs = [a @ b, torch.addmm(bias, a, b, beta=0.5), a3 @ b3, torch.nn.functional.silu(torch.addmm(bias, a, b))]
     ops.ws_matmul = ws_matmul
     result["kernel_launches"] = len(launches)
     result["eager_close"] = all(torch.allclose(o, r, atol=1e-5) for o, r in zip(outs, refs))
@@ -234,7 +245,7 @@ def test_load_order(stubs, order):
     assert result["schema_from"] == {name: schema_owner for name in SCHEMAS}
     assert result["cpp_kernels_active"] == {name: [] for name in SCHEMAS}
     assert result["warnings"] == []
-    assert result["kernel_launches"] == 3
+    assert result["kernel_launches"] == 4
     assert result["eager_close"] and result["compiled_close"]
     assert "aten.mm.default" in result["graph_targets"]
     assert not [t for t in result["graph_targets"] if "tritonblas" in t]

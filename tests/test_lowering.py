@@ -282,7 +282,8 @@ def test_cache_key_encodes_the_routing_settings():
     assert key in _compat.post_grad_post_passes()
     routed = key.uuid()
     assert key.uuid() == routed
-    for change in ({"enabled": False}, {"policy": "auto"}, {"path": "inline"}, {"cpu": True}):
+    for change in ({"enabled": False}, {"policy": "auto"}, {"path": "inline"}, {"cpu": True},
+                   {"fuse_epilogues": True}, {"batch_invariant": True}):
         before = settings.update(**change)
         assert key.uuid() != routed, change
         settings.restore(before)
@@ -662,6 +663,90 @@ def test_gpu_llama_block_is_fully_routed(path):
     fp32 = [out32, x32.grad] + [p.grad for p in block32.parameters()]
     for got, eager_bf16, ref in zip(routed, eager, fp32):
         assert rel_error(got, ref) <= 2 * rel_error(eager_bf16, ref) + 1e-3
+
+
+# ---------------------------------------------------------------------------------------
+# Epilogue fusion
+# ---------------------------------------------------------------------------------------
+
+CPP_KERNEL = re.compile(r"^cpp_fused_\w+ = ", re.MULTILINE)  # a pointwise kernel Inductor generated
+
+
+class MLP(torch.nn.Module):
+    """GPT-2's MLP (bias, tanh GELU) and a bias-free SiLU gate, as Llama's."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.proj = torch.nn.Linear(16, 48), torch.nn.Linear(48, 16)
+        self.gate = torch.nn.Linear(16, 24, bias=False)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x), approximate="tanh")) + F.silu(self.gate(x)).mean(-1, keepdim=True)
+
+
+def test_fused_epilogues_replace_a_gemm_and_its_activation(cpu_routing):
+    """fuse_epilogues(True): each GEMM whose only reader is its activation becomes one
+    ws_mm_act call (the bias too), Inductor generates fewer pointwise kernels, the result
+    is eager's within fp32 tolerance and bitwise the same run to run. Off, the GEMMs are
+    routed as usual and the activations are Inductor's kernels."""
+    torch.manual_seed(0)
+    mlp, x = MLP(), randn(32, 16)
+    with torch.no_grad():
+        plain, plain_code = compile_and_run(mlp, x)
+        tritonblas_ops.fuse_epilogues(True)
+        fused, fused_code = compile_and_run(mlp, x)
+        again, _ = compile_and_run(mlp, x)
+        reference = mlp.double()(x.double())
+    assert sorted(routed_calls(plain_code)) == ["ws_addmm", "ws_addmm", "ws_mm"]
+    assert sorted(routed_calls(fused_code)) == ["ws_addmm", "ws_mm_act", "ws_mm_act"]
+    assert "activation='gelu_tanh'" in fused_code and "activation='silu'" in fused_code
+    assert len(CPP_KERNEL.findall(fused_code)) < len(CPP_KERNEL.findall(plain_code))
+    assert_matches(fused, reference, REL_TOLERANCE[torch.float32])
+    assert_matches(plain, reference, REL_TOLERANCE[torch.float32])
+    assert torch.equal(fused, again)
+
+
+def test_fusion_takes_a_bias_added_after_the_gemm_but_not_a_larger_addend(cpu_routing):
+    """act(x @ w + b) fuses with b as the epilogue's bias (as Inductor leaves fp32 linear
+    layers on GPUs); an addend that does not broadcast to the GEMM's output stays apart."""
+    tritonblas_ops.fuse_epilogues(True)
+    x, w, b, big = randn(32, 16), randn(16, 24), randn(24), randn(2, 32, 24)
+    with torch.no_grad():
+        out, code = compile_and_run(lambda x: F.relu(x @ w + b), x)
+        assert routed_calls(code) == ["ws_mm_act"] and "activation='relu'" in code
+        assert_matches(out, F.relu(x.double() @ w.double() + b.double()), REL_TOLERANCE[torch.float32])
+        out, code = compile_and_run(lambda x: F.silu(x @ w + big), x)
+        assert routed_calls(code) == ["ws_mm"]
+        assert_matches(out, F.silu(x.double() @ w.double() + big.double()), REL_TOLERANCE[torch.float32])
+
+
+def test_fusion_leaves_gemms_whose_output_the_backward_needs(cpu_routing):
+    """In a training graph the forward's GEMM output is saved for the activation's
+    gradient: no fusion there (the op writes only the activated output), and the
+    gradients are the unfused ones'."""
+    tritonblas_ops.fuse_epilogues(True)
+    torch.manual_seed(0)
+    mlp, x = MLP(), randn(32, 16, requires_grad=True)
+    out, forward = compile_and_run(mlp, x)
+    assert "ws_mm_act" not in forward and sorted(routed_calls(forward)) == ["ws_addmm", "ws_addmm", "ws_mm"]
+    out.sum().backward()
+    x_ref = x.detach().double().requires_grad_()
+    mlp.double()(x_ref).sum().backward()
+    assert_matches(x.grad, x_ref.grad, REL_TOLERANCE[torch.float32])
+
+
+def test_fusion_follows_the_routing_rules(cpu_routing):
+    """A GEMM routing would leave to Inductor (routing off, or CPU tensors when CPU routing
+    is off) is not fused either."""
+    tritonblas_ops.fuse_epilogues(True)
+    mlp, x = MLP(), randn(32, 16)
+    with torch.no_grad():
+        with tritonblas_ops.routing(False):
+            _, code = compile_and_run(mlp, x)
+        assert routed_calls(code) == []
+        tritonblas_ops.route_cpu(False)
+        _, code = compile_and_run(mlp, x)
+        assert routed_calls(code) == []
 
 
 # ---------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import torch
 from torch.library import opcheck
 
 import tritonblas_ops  # noqa: F401
+from tritonblas_ops import activations
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
 from tiles import m_dependent_tiles  # noqa: F401  (a fixture)
 
@@ -29,22 +30,34 @@ def op_cases():
     yield "ws_addmm", (torch.randn(19, 1), transposed(a), b), {}
     yield "ws_bmm", (a3, b3), {}
     yield "ws_bmm", (transposed(a3), transposed(b3)), {}
+    yield "ws_mm_act", (a, b, bias), {"activation": "gelu_tanh"}
+    yield "ws_mm_act", (transposed(a), b, None), {"activation": "silu"}
+    yield "ws_mm_act", (a, transposed(b), torch.randn(19, 1)), {"activation": "gelu"}
+    yield "ws_mm_act", (a, b, bias), {"activation": "relu"}
+
+
+def mm_act(a, b, bias, *, activation):
+    """ws_mm_act's meaning in aten ops."""
+    return activations.apply(torch.mm(a, b) if bias is None else torch.addmm(bias, a, b), activation)
+
+
+ATEN = {"ws_mm": torch.mm, "ws_addmm": torch.addmm, "ws_bmm": torch.bmm, "ws_mm_act": mm_act}
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("case", list(op_cases()), ids=lambda case: case[0])
 def test_opcheck(case, requires_grad):
     name, args, kwargs = case
-    args = tuple(t.detach().requires_grad_(requires_grad) for t in args)
+    args = tuple(t if t is None else t.detach().requires_grad_(requires_grad) for t in args)
     opcheck(getattr(ops, name), args, kwargs)  # raises on any failed check
 
 
 @pytest.mark.parametrize("case", list(op_cases()), ids=lambda case: case[0])
 def test_forward_and_gradients_match_aten(case):
     name, args, kwargs = case
-    aten = {"ws_mm": torch.mm, "ws_addmm": torch.addmm, "ws_bmm": torch.bmm}[name]
-    ours_in = [t.detach().requires_grad_() for t in args]
-    ref_in = [t.detach().double().requires_grad_() for t in args]
+    aten = ATEN[name]
+    ours_in = [t if t is None else t.detach().requires_grad_() for t in args]
+    ref_in = [t if t is None else t.detach().double().requires_grad_() for t in args]
     out = getattr(ops, name)(*ours_in, **kwargs)
     ref = aten(*ref_in, **kwargs)
     assert_matches(out, ref, FP32)
@@ -52,7 +65,8 @@ def test_forward_and_gradients_match_aten(case):
     out.backward(grad)
     ref.backward(grad.double())
     for ours, theirs in zip(ours_in, ref_in):
-        assert_matches(ours.grad, theirs.grad, FP32)
+        if ours is not None:
+            assert_matches(ours.grad, theirs.grad, FP32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -124,6 +138,13 @@ def test_bad_input_is_refused_clearly(name, args, error, message):
     assert_matches(ops.ws_mm(a, b), matmul_ref(a, b), FP32)
 
 
+def test_mm_act_refuses_an_unknown_activation_and_a_bad_bias():
+    with pytest.raises(RuntimeError, match=r"ws_mm_act: activation must be one of .*got 'tanh'"):
+        ops.ws_mm_act(M, torch.randn(5, 3), None, activation="tanh")
+    with pytest.raises(RuntimeError, match=r"ws_mm_act: bias of shape \(4, 7\) does not broadcast to \(4, 3\)"):
+        ops.ws_mm_act(M, torch.randn(5, 3), torch.randn(4, 7), activation="relu")
+
+
 def test_bad_input_is_refused_while_tracing_too():
     with pytest.raises(RuntimeError, match="ws_mm: inner dimensions differ"):
         torch.compile(ops.ws_mm, backend="aot_eager", fullgraph=True)(M, torch.randn(6, 3))
@@ -161,6 +182,8 @@ def jvp_cases():
     yield "ws_addmm", torch.addmm, (bias, a, b), {"beta": 0.5, "alpha": 2.0}
     yield "ws_addmm", torch.addmm, (torch.randn(19, 1), transposed(a), b), {}
     yield "ws_bmm", torch.bmm, (a3, b3), {}
+    yield "ws_mm_act", mm_act, (a, b, bias), {"activation": "gelu_tanh"}
+    yield "ws_mm_act", mm_act, (a, b), {"bias": None, "activation": "silu"}
 
 
 @pytest.mark.parametrize("case", list(jvp_cases()), ids=lambda case: case[0])

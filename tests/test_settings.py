@@ -54,15 +54,19 @@ def test_unknown_spellings_are_refused():
         parse_bool("X", "maybe")
 
 
-def test_batch_invariant_switch_and_environment(monkeypatch):
+@pytest.mark.parametrize("switch,query,field,variable", [
+    (tritonblas_ops.batch_invariant, tritonblas_ops.is_batch_invariant, "batch_invariant", settings.BATCH_INVARIANT_ENV),
+    (tritonblas_ops.fuse_epilogues, tritonblas_ops.is_fusing_epilogues, "fuse_epilogues", settings.FUSE_EPILOGUES_ENV),
+], ids=["batch_invariant", "fuse_epilogues"])
+def test_on_off_switches_and_their_environment(switch, query, field, variable, monkeypatch):
     settings.restore(RoutingSettings())
-    assert not tritonblas_ops.is_batch_invariant()
-    tritonblas_ops.batch_invariant(True)
-    assert tritonblas_ops.is_batch_invariant() and settings.current().batch_invariant
-    tritonblas_ops.batch_invariant(False)
-    assert not tritonblas_ops.is_batch_invariant()
-    monkeypatch.setenv(settings.BATCH_INVARIANT_ENV, "on")
-    assert settings.RoutingSettings.from_environment().batch_invariant
-    monkeypatch.setenv(settings.BATCH_INVARIANT_ENV, "maybe")
-    with pytest.raises(ValueError, match="TRITONBLAS_OPS_BATCH_INVARIANT must be one of"):
+    assert not query()
+    switch(True)
+    assert query() and getattr(settings.current(), field)
+    switch(False)
+    assert not query()
+    monkeypatch.setenv(variable, "on")
+    assert getattr(settings.RoutingSettings.from_environment(), field)
+    monkeypatch.setenv(variable, "maybe")
+    with pytest.raises(ValueError, match=f"{variable} must be one of"):
         settings.RoutingSettings.from_environment()

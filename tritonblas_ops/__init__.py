@@ -11,9 +11,11 @@ from tritonblas_ops.settings import (
     batch_invariant,
     disable,
     enable,
+    fuse_epilogues,
     get_policy,
     is_batch_invariant,
     is_enabled,
+    is_fusing_epilogues,
     route_cpu,
     routing,
     set_policy,
@@ -23,7 +25,7 @@ _lowering.install()  # torch.compile routes eligible GEMMs from here on (lowerin
 _distributed.register()  # DTensor sharding rules for the ops (distributed.py)
 
 __all__ = [
-    "LiveBudget", "Schedule", "TileConfig", "batch_invariant", "disable", "enable", "get_policy",
-    "get_sm_budget", "is_batch_invariant", "is_checked", "is_enabled", "route_cpu", "routing",
-    "set_checked", "set_policy", "sm_budget", "ws_matmul",
+    "LiveBudget", "Schedule", "TileConfig", "batch_invariant", "disable", "enable", "fuse_epilogues",
+    "get_policy", "get_sm_budget", "is_batch_invariant", "is_checked", "is_enabled", "is_fusing_epilogues",
+    "route_cpu", "routing", "set_checked", "set_policy", "sm_budget", "ws_matmul",
 ]

@@ -28,9 +28,10 @@ runs the kernel through Triton's interpreter: the inline kernel needs a device T
 compiles for.
 
 Caches: lowering overrides are not part of the FX-graph or AOTAutograd cache keys, so a
-warm cache would serve code compiled under other settings. A post-grad pass that changes
-nothing, `_RoutingKey`, sits in `config.post_grad_custom_post_pass` (after any pass the user
-set there) and puts the settings into both keys through its uuid().
+warm cache would serve code compiled under other settings. A post-grad pass, `_RoutingKey`,
+sits in `config.post_grad_custom_post_pass` (after any pass the user set there) and puts the
+settings into both keys through its uuid(); it changes the graph only when epilogue fusion
+is on (fusion.py: a GEMM and its activation become one ws_mm_act call, the op form).
 
 Not routed: torch.baddbmm (Inductor lowers aten.baddbmm itself; its bias has a batch
 dimension the kernel's epilogue lacks), Inductor's fusion of two equal-shaped mm feeding an
@@ -53,7 +54,7 @@ from torch._inductor import lowering as inductor_lowering
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch._inductor.virtualized import V
 
-from tritonblas_ops import _compat, settings
+from tritonblas_ops import _compat, fusion, settings
 from tritonblas_ops.config import INVARIANT_PREFILL_M
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES
@@ -301,12 +302,12 @@ def _override(op, route):
 
 
 class _RoutingKey(CustomGraphPass):
-    """A post-grad pass that changes nothing: its uuid() is the routing settings, which puts
-    them into the FX-graph and AOTAutograd cache keys (Inductor reads the uuid of every
-    post-grad custom pass into both)."""
+    """A post-grad pass whose uuid() is the routing settings, which puts them into the
+    FX-graph and AOTAutograd cache keys (Inductor reads the uuid of every post-grad custom
+    pass into both). It changes the graph only to fuse epilogues (fusion.py), when on."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        pass
+        fusion.fuse(graph)
 
     def uuid(self) -> str:
         return "|".join(("tritonblas_ops", _package_version(), _source_hash(),

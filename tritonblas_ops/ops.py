@@ -1,4 +1,5 @@
-"""torch.ops.tritonblas.ws_mm / ws_addmm / ws_bmm: checks, kernels, fake kernels, autograd.
+"""torch.ops.tritonblas.ws_mm / ws_addmm / ws_bmm / ws_mm_act: checks, kernels, fake
+kernels, autograd.
 
 Each op is a `triton_op`, so torch.compile sees the Triton kernel itself rather than an
 opaque call. CPU tensors run the same kernel through Triton's interpreter (for tests and
@@ -18,7 +19,8 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.autograd import forward_ad
 from torch.library import triton_op
 
-from tritonblas_ops import fastpath
+from tritonblas_ops import activations, fastpath
+from tritonblas_ops.activations import ACTIVATIONS
 from tritonblas_ops.launch import ws_matmul
 from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
 
@@ -95,16 +97,16 @@ def _check_operands(op: str, a: Tensor, b: Tensor, rank: int) -> None:
         )
 
 
-def _check_bias(bias: Tensor, a: Tensor, b: Tensor) -> None:
-    _check_tensor("ws_addmm", "bias", bias)
+def _check_bias(bias: Tensor, a: Tensor, b: Tensor, op: str = "ws_addmm") -> None:
+    _check_tensor(op, "bias", bias)
     out_shape = (a.shape[0], b.shape[1])
     _check(
         bias.dtype == a.dtype,
-        lambda: f"ws_addmm: bias must have the dtype of a and b ({a.dtype}), got {bias.dtype}",
+        lambda: f"{op}: bias must have the dtype of a and b ({a.dtype}), got {bias.dtype}",
     )
     _check(
         bias.device == a.device,
-        lambda: f"ws_addmm: bias must be on {a.device}, got {bias.device}",
+        lambda: f"{op}: bias must be on {a.device}, got {bias.device}",
     )
     broadcasts = bias.dim() <= 2 and all(
         size == 1 or size == out
@@ -112,7 +114,17 @@ def _check_bias(bias: Tensor, a: Tensor, b: Tensor) -> None:
     )
     _check(
         broadcasts,
-        lambda: f"ws_addmm: bias of shape {tuple(bias.shape)} does not broadcast to {out_shape}",
+        lambda: f"{op}: bias of shape {tuple(bias.shape)} does not broadcast to {out_shape}",
+    )
+
+
+def _check_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, activation: str) -> None:
+    _check_operands("ws_mm_act", a, b, rank=2)
+    if bias is not None:
+        _check_bias(bias, a, b, "ws_mm_act")
+    _check(
+        activation in ACTIVATIONS,
+        lambda: f"ws_mm_act: activation must be one of {ACTIVATIONS}, got {activation!r}",
     )
 
 
@@ -163,6 +175,42 @@ def _ws_addmm_backward(ctx, grad):
         # Reduce the broadcast gradient back to the bias's shape.
         grad_bias = (grad * ctx.beta if ctx.beta != 1 else grad).sum_to_size(ctx.bias_shape)
     return grad_bias, grad_a, grad_b
+
+
+def _ws_mm_act_setup(ctx, inputs, keyword_only_inputs, output):
+    a, b, bias = inputs
+    ctx.save_for_backward(a, b, bias)
+    ctx.activation = keyword_only_inputs["activation"]
+
+
+def _preactivation_slope(a, b, bias, activation):
+    """activation'(a @ b + bias), in fp32: the product recomputed, not kept from the forward
+    (the fused op writes only the activated output)."""
+    product = torch.ops.tritonblas.ws_mm(a, b) if bias is None else torch.ops.tritonblas.ws_addmm(bias, a, b)
+    return activations.derivative(product.float(), activation)
+
+
+def _ws_mm_act_backward(ctx, grad):
+    a, b, bias = ctx.saved_tensors
+    grad_product = (grad.float() * _preactivation_slope(a, b, bias, ctx.activation)).to(grad.dtype)
+    needs_a, needs_b, needs_bias = ctx.needs_input_grad
+    grad_a = torch.ops.tritonblas.ws_mm(grad_product, b.mT) if needs_a else None
+    grad_b = torch.ops.tritonblas.ws_mm(a.mT, grad_product) if needs_b else None
+    grad_bias = grad_product.sum_to_size(bias.shape) if needs_bias else None
+    return grad_a, grad_b, grad_bias
+
+
+def _ws_mm_act_tangent(primals, tangents, keyword_only_args):
+    a, b, bias = primals
+    tangent_a, tangent_b, tangent_bias = tangents
+    parts = []
+    if tangent_a is not None or tangent_b is not None:
+        parts.append(_product_tangent(a, b, tangent_a, tangent_b, torch.ops.tritonblas.ws_mm))
+    if tangent_bias is not None:
+        parts.append(tangent_bias.expand(a.shape[0], b.shape[1]))
+    tangent = parts[0] if len(parts) == 1 else parts[0] + parts[1]
+    slope = _preactivation_slope(a, b, bias, keyword_only_args["activation"])
+    return (tangent.float() * slope).to(tangent.dtype)
 
 
 def _product_tangent(a, b, tangent_a, tangent_b, matmul):
@@ -328,6 +376,19 @@ def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
     return ws_matmul(a, b)
 
 
+@_triton_op("ws_mm_act", setup_context=_ws_mm_act_setup, backward=_ws_mm_act_backward,
+            tangent=_ws_mm_act_tangent)
+def ws_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, *, activation: str) -> Tensor:
+    """activation(a @ b + bias) in one kernel: the epilogue applies the activation
+    (activations.ACTIVATIONS: relu, gelu, gelu_tanh, silu, none) before rounding. What
+    routing's epilogue fusion puts in place of a GEMM and its activation."""
+    _check_mm_act(a, b, bias, activation)
+    if a.device.type == "cpu" and is_fake(a):
+        product = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+        return activations.apply(product, activation)
+    return ws_matmul(a, b, bias, activation=activation)
+
+
 # ---------------------------------------------------------------------------------------
 # Fake kernels: shapes only, same checks (the default would run the body)
 # ---------------------------------------------------------------------------------------
@@ -350,3 +411,9 @@ def _ws_addmm_fake(bias, a, b, *, beta=1.0, alpha=1.0):
 def _ws_bmm_fake(a, b):
     _check_operands("ws_bmm", a, b, rank=3)
     return a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+
+
+@ws_mm_act.register_fake
+def _ws_mm_act_fake(a, b, bias, *, activation):
+    _check_mm_act(a, b, bias, activation)
+    return a.new_empty((a.shape[0], b.shape[1]))

@@ -28,6 +28,7 @@ SCHEMAS = {
         " -> Tensor"
     ),
     "ws_bmm": "tritonblas::ws_bmm(Tensor a, Tensor b) -> Tensor",
+    "ws_mm_act": "tritonblas::ws_mm_act(Tensor a, Tensor b, Tensor? bias, *, str activation) -> Tensor",
 }
 
 

@@ -1,6 +1,6 @@
 """The routing settings: one object, read from the environment at import, changed only
 through `update()` (which enable(), disable(), routing(), route_cpu(), set_policy() and
-batch_invariant() call).
+batch_invariant() and fuse_epilogues() call).
 
 The settings decide which GEMMs of graphs compiled from then on reach the kernel
 (lowering.py), and one decides the numerics of every launch, eager or compiled
@@ -19,6 +19,7 @@ ROUTING_ENV = "TRITONBLAS_OPS_ROUTING"  # on by default; 0 / false / off / no tu
 POLICY_ENV = "TRITONBLAS_OPS_POLICY"  # "all" (default) or "auto"
 PATH_ENV = "TRITONBLAS_OPS_ROUTING_PATH"  # "opaque" (default) or "inline"
 BATCH_INVARIANT_ENV = "TRITONBLAS_OPS_BATCH_INVARIANT"  # off by default
+FUSE_EPILOGUES_ENV = "TRITONBLAS_OPS_FUSE_EPILOGUES"  # off by default (not yet timed on a GPU)
 
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
@@ -58,6 +59,9 @@ class RoutingSettings:
     # Every launch sums each output element in an order that does not depend on M (nor on
     # the batch count): plan.py's tile choice ignores them, with no K split and no swap.
     batch_invariant: bool = False
+    # A routed GEMM and the activation after it become one ws_mm_act call, where nothing
+    # else reads the GEMM's output (fusion.py).
+    fuse_epilogues: bool = False
 
     @classmethod
     def from_environment(cls) -> "RoutingSettings":
@@ -66,6 +70,7 @@ class RoutingSettings:
             policy=_choice(Policy, POLICY_ENV, os.environ.get(POLICY_ENV, Policy.ALL.value)),
             path=_choice(Path, PATH_ENV, os.environ.get(PATH_ENV, Path.OPAQUE.value)),
             batch_invariant=parse_bool(BATCH_INVARIANT_ENV, os.environ.get(BATCH_INVARIANT_ENV, "0")),
+            fuse_epilogues=parse_bool(FUSE_EPILOGUES_ENV, os.environ.get(FUSE_EPILOGUES_ENV, "0")),
         )
 
 
@@ -126,11 +131,14 @@ def is_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def routing(enabled: bool | None = None, *, policy: str | None = None, path: str | None = None):
-    """Routing on or off (and optionally another policy or path) for graphs compiled inside
-    the block; a lazily compiled backward compiles at .backward(): call that inside too."""
+def routing(enabled: bool | None = None, *, policy: str | None = None, path: str | None = None,
+            fuse_epilogues: bool | None = None):
+    """Routing on or off (and optionally another policy, path or epilogue fusion) for graphs
+    compiled inside the block; a lazily compiled backward compiles at .backward(): call that
+    inside too."""
     changes = {name: value for name, value in
-               (("enabled", enabled), ("policy", policy), ("path", path)) if value is not None}
+               (("enabled", enabled), ("policy", policy), ("path", path), ("fuse_epilogues", fuse_epilogues))
+               if value is not None}
     before = update(**changes)
     try:
         yield
@@ -164,3 +172,15 @@ def batch_invariant(enabled: bool) -> None:
 
 def is_batch_invariant() -> bool:
     return _current.batch_invariant
+
+
+def fuse_epilogues(enabled: bool) -> None:
+    """Epilogue fusion (also TRITONBLAS_OPS_FUSE_EPILOGUES=1) for graphs compiled from now on:
+    a routed GEMM (mm, or addmm with its bias) whose only reader is a ReLU, GELU (erf or
+    tanh) or SiLU becomes one torch.ops.tritonblas.ws_mm_act call, the activation applied
+    in the kernel's epilogue. Off by default until timed on a GPU."""
+    update(fuse_epilogues=bool(enabled))
+
+
+def is_fusing_epilogues() -> bool:
+    return _current.fuse_epilogues

@@ -1,0 +1,140 @@
+"""Epilogue fusion under torch.compile (settings' fuse_epilogues, off by default): a routed
+GEMM and the activation that is its only reader become one torch.ops.tritonblas.ws_mm_act
+call, whose kernel applies the activation in its epilogue.
+
+A post-grad pass, run by lowering's cache-key pass (so the setting is in the compiled-code
+cache keys). Post-grad graphs hold activations as Inductor's decompositions leave them
+(GELU's tanh form is eight pointwise nodes), so the patterns are traced through the same
+decompositions, as Inductor traces its own (`pattern_matcher.gen_pattern`), once per
+dtype: mm(a, b), addmm(bias, a, b) or mm(a, b) + bias, then relu, gelu,
+gelu(approximate="tanh") or silu.
+The pattern matcher replaces a match only where no node outside it reads the GEMM's
+output: in a training graph the forward's GEMM output is saved for the backward, so those
+GEMMs stay unfused (the op would have to write the pre-activation as well).
+"""
+
+import functools
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch._inductor import pattern_matcher
+
+from tritonblas_ops import settings
+from tritonblas_ops.ops import SUPPORTED_DTYPES
+from tritonblas_ops.settings import Policy
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def fuse(graph: torch.fx.Graph) -> int:
+    """Replace every fusable GEMM + activation of a post-grad graph; returns how many."""
+    state = settings.current()
+    if not (state.enabled and state.fuse_epilogues):
+        return 0
+    return _patterns().apply(graph)
+
+
+def _routes(a, b, bias) -> bool:
+    """Whether routing takes this GEMM (lowering._eligible's rules, on the nodes' example
+    values): the fused op must not take a GEMM that routing would leave to Inductor."""
+    from tritonblas_ops import lowering  # imports this module
+
+    state = settings.current()
+    values = [node.meta.get("val") for node in (a, b, bias) if node is not None]
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return False
+    device, dtype = values[0].device, values[0].dtype
+    if device.type not in ("cuda", "cpu") or (device.type == "cpu" and not state.cpu):
+        return False
+    if any(v.device != device or v.dtype != dtype for v in values) or dtype not in SUPPORTED_DTYPES:
+        return False
+    if values[0].dim() != 2 or values[1].dim() != 2:
+        return False
+    (m, k), n = values[0].shape, values[1].shape[1]
+    if bias is not None and not _broadcasts(values[2].shape, (m, n)):
+        return False  # an add of another shape after the GEMM: not an epilogue's bias
+    m, n, k = (_hint(size) for size in (m, n, k))
+    if m * n == 0:
+        return False  # nothing to compute, or a size without a hint: left alone
+    return state.policy is not Policy.AUTO or lowering._auto_routes(1, m, n, k)
+
+
+def _broadcasts(shape, out) -> bool:
+    """Whether a bias of `shape` broadcasts to `out` (ws_mm_act's rule: at most 2-D)."""
+    return len(shape) <= 2 and all(
+        size == 1 or size == out_size for size, out_size in zip(reversed(shape), reversed(out)))
+
+
+def _hint(size) -> int:
+    """An int size, or a SymInt's hint (0 where it has none)."""
+    if isinstance(size, int):
+        return size
+    return getattr(size.node, "hint", None) or 0
+
+
+def _fusable(match: pattern_matcher.Match) -> bool:
+    return _routes(match.kwargs["a"], match.kwargs["b"], match.kwargs.get("bias"))
+
+
+def _replace_with_op(activation: str):
+    def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
+        out = match.output_node()
+        with match.graph.inserting_before(out):
+            fused = match.graph.call_function(
+                torch.ops.tritonblas.ws_mm_act.default,
+                (kwargs["a"], kwargs["b"], kwargs.get("bias")), {"activation": activation})
+        fused.meta.update(out.meta)
+        out.replace_all_uses_with(fused)
+        match.erase_nodes()
+
+    return replace
+
+
+_lock = threading.Lock()
+_built: pattern_matcher.PatternMatcherPass | None = None
+
+
+def _patterns() -> pattern_matcher.PatternMatcherPass:
+    """The patterns, traced on first use (every activation, with and without a bias, for
+    each dtype, whose decompositions may differ): once, whichever thread compiles first."""
+    global _built
+    with _lock:
+        if _built is None:
+            _built = _trace_patterns()
+        return _built
+
+
+def _searches(apply):
+    """The search functions of one activation (their parameters name the pattern's inputs):
+    with addmm's bias, with a bias added after mm (Inductor unfuses fp32 addmm so on GPUs
+    when every reader is pointwise), without one."""
+    def addmm_bias(a, b, bias):
+        return apply(torch.addmm(bias, a, b))
+
+    def added_bias(a, b, bias):
+        return apply(torch.mm(a, b) + bias)
+
+    def without_bias(a, b):
+        return apply(torch.mm(a, b))
+
+    return addmm_bias, added_bias, without_bias
+
+
+def _trace_patterns() -> pattern_matcher.PatternMatcherPass:
+    patterns = pattern_matcher.PatternMatcherPass()
+    for activation, apply in ACTIVATIONS.items():
+        addmm_bias, added_bias, without_bias = _searches(apply)
+        for dtype in SUPPORTED_DTYPES:
+            a, b, bias = (torch.empty(shape, dtype=dtype) for shape in ((8, 16), (16, 8), (8,)))
+            for search, example in ((addmm_bias, (a, b, bias)), (added_bias, (a, b, bias)),
+                                    (without_bias, (a, b))):
+                pattern = pattern_matcher.gen_pattern(search, example, pattern_matcher.fwd_only)
+                pattern_matcher.register_graph_pattern(
+                    pattern, extra_check=_fusable, pass_dict=patterns)(_replace_with_op(activation))
+    return patterns
