@@ -720,6 +720,19 @@ def test_fusion_takes_a_bias_added_after_the_gemm_but_not_a_larger_addend(cpu_ro
         assert_matches(out, F.silu(x.double() @ w.double() + big.double()), REL_TOLERANCE[torch.float32])
 
 
+def test_fused_epilogues_in_the_inline_form():
+    """Under the inline path a fused GEMM is the kernel itself with the activation in its
+    epilogue: no op call, no pointwise kernel for the activation (code generation only)."""
+    settings.update(path="inline", cpu=True, inline_cpu=True, fuse_epilogues=True)
+    w, b = randn(24, 16), randn(24)
+    with torch.no_grad():
+        code = generated_code_only(lambda x: F.gelu(F.linear(x, w, b), approximate="tanh"), randn(32, 16))
+    assert routed_calls(code) == ["ws_matmul_kernel"]
+    assert [value for value in re.findall(r"'ACTIVATION': '(\w+)'", code) if value != "constexpr"] == ["gelu_tanh"]
+    # The one C++ kernel left zeroes the counters: an int32 buffer is all it takes.
+    assert re.findall(r"^cpp_fused_\w+ = async_compile\.cpp_pybinding\((\[.*?\])", code, re.M) == ["['int32_t*']"]
+
+
 def test_fusion_leaves_gemms_whose_output_the_backward_needs(cpu_routing):
     """In a training graph the forward's GEMM output is saved for the activation's
     gradient: no fusion there (the op writes only the activated output), and the

@@ -167,9 +167,10 @@ def _operand(x, element_size: int) -> Operand:
     return Operand.of_layout(x.get_size(), x.get_stride(), element_size, aligned)
 
 
-def _emit_inline(a, b, bias, alpha: float, beta: float):
+def _emit_inline(a, b, bias, alpha: float, beta: float, activation: str = "none"):
     """The kernel launch itself in the generated code, as the eager op would launch it on
-    operands of these layouts (plan.py), Inductor's buffers in place of tensors."""
+    operands of these layouts (plan.py), Inductor's buffers in place of tensors; the
+    epilogue applies `activation` (epilogue fusion's ws_mm_act)."""
     a, b = _fixed_layout(a), _fixed_layout(b)
     bias = _fixed_layout(bias) if bias is not None else None
     device, dtype = a.get_device(), a.get_dtype()
@@ -186,11 +187,14 @@ def _emit_inline(a, b, bias, alpha: float, beta: float):
         batch_invariant=settings.current().batch_invariant,
         dynamic=not all(isinstance(s, (int, sympy.Integer)) for s in sizes),
         fits_int32=lambda offset: sizevars.statically_known_lt(offset, 2**31 - 1),
+        activation=activation,
     )
     out_shape = list(the_plan.out_shape)
     if the_plan.outcome is Outcome.EMPTY:
         return inductor_lowering.empty_strided(out_shape, None, dtype=dtype, device=device)
     if the_plan.outcome is Outcome.FILL:  # as the op: beta * bias, or zeros
+        if activation != "none":  # K = 0 under an activation: rare enough for the op call
+            return _emit_opaque(torch.ops.tritonblas.ws_mm_act.default, a, b, bias, activation=activation)
         if the_plan.keep_bias:
             return L[aten.expand.default](L[aten.mul.Tensor](bias, beta), out_shape)
         return L[aten.full.default](out_shape, 0, dtype=dtype, device=device)
@@ -253,11 +257,13 @@ def _transposed(stride: tuple) -> tuple:
     return stride[0], stride[2], stride[1]
 
 
-def _emit(op, a, b, bias=None, *, beta=1.0, alpha=1.0):
+def _emit(op, a, b, bias=None, *, beta=1.0, alpha=1.0, activation=None):
     state = settings.current()
     device_type = a.get_device().type
     if state.path is Path.INLINE and (device_type == "cuda" or state.inline_cpu):
-        return _emit_inline(a, b, bias, float(alpha), float(beta))
+        return _emit_inline(a, b, bias, float(alpha), float(beta), activation or "none")
+    if activation is not None:
+        return _emit_opaque(op, a, b, bias, activation=activation)
     if bias is None:
         return _emit_opaque(op, a, b)
     return _emit_opaque(op, bias, a, b, beta=float(beta), alpha=float(alpha))
@@ -283,6 +289,12 @@ def _route_bmm(a, b):
 
 
 _ROUTES = {aten.mm.default: _route_mm, aten.addmm.default: _route_addmm, aten.bmm.default: _route_bmm}
+
+
+def _lower_mm_act(a, b, bias, *, activation):
+    """ws_mm_act, which epilogue fusion puts in the graph (routing took its GEMM): the op
+    call, or under the inline path the kernel with the activation in its epilogue."""
+    return _emit(torch.ops.tritonblas.ws_mm_act.default, a, b, bias, activation=activation)
 
 
 def _override(op, route):
@@ -344,10 +356,12 @@ def _source_hash() -> str:
 
 
 def install() -> None:
-    """Wrap Inductor's mm / addmm / bmm lowerings and add the cache-key pass; idempotent."""
+    """Wrap Inductor's mm / addmm / bmm lowerings, lower ws_mm_act (epilogue fusion's op)
+    and add the cache-key pass; idempotent."""
     for op, route in _ROUTES.items():
         if getattr(inductor_lowering.lowerings[op], "tritonblas_route", None) is None:
             inductor_lowering.lowerings[op] = _override(op, route)
+    inductor_lowering.lowerings[torch.ops.tritonblas.ws_mm_act.default] = _lower_mm_act
     if _KEY_PASS not in _compat.post_grad_post_passes():
         _compat.append_post_grad_post_pass(_KEY_PASS)
 
