@@ -17,19 +17,13 @@ import functools
 import threading
 
 import torch
-import torch.nn.functional as F
 from torch._inductor import pattern_matcher
 
-from tritonblas_ops import settings
-from tritonblas_ops.ops import SUPPORTED_DTYPES
-from tritonblas_ops.settings import Policy
+from tritonblas_ops import activations, settings
+from tritonblas_ops.activations import ACTIVATIONS
+from tritonblas_ops.ops import SUPPORTED_DTYPES, bias_broadcasts
 
-ACTIVATIONS = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
-    "silu": F.silu,
-}
+FUSED = [name for name in ACTIVATIONS if name != "none"]  # the activations a pattern ends in
 
 
 def fuse(graph: torch.fx.Graph) -> int:
@@ -41,34 +35,19 @@ def fuse(graph: torch.fx.Graph) -> int:
 
 
 def _routes(a, b, bias) -> bool:
-    """Whether routing takes this GEMM (lowering._eligible's rules, on the nodes' example
-    values): the fused op must not take a GEMM that routing would leave to Inductor."""
+    """Whether routing takes this GEMM (lowering's rules, on the nodes' example values): the
+    fused op must not take a GEMM that routing would leave to Inductor."""
     from tritonblas_ops import lowering  # imports this module
 
-    state = settings.current()
     values = [node.meta.get("val") for node in (a, b, bias) if node is not None]
-    if not all(isinstance(v, torch.Tensor) for v in values):
-        return False
-    device, dtype = values[0].device, values[0].dtype
-    if device.type not in ("cuda", "cpu") or (device.type == "cpu" and not state.cpu):
-        return False
-    if any(v.device != device or v.dtype != dtype for v in values) or dtype not in SUPPORTED_DTYPES:
-        return False
-    if values[0].dim() != 2 or values[1].dim() != 2:
+    if not all(isinstance(v, torch.Tensor) for v in values) or values[0].dim() != 2 or values[1].dim() != 2:
         return False
     (m, k), n = values[0].shape, values[1].shape[1]
-    if bias is not None and not _broadcasts(values[2].shape, (m, n)):
+    if bias is not None and not bias_broadcasts(values[2].shape, (m, n)):
         return False  # an add of another shape after the GEMM: not an epilogue's bias
     m, n, k = (_hint(size) for size in (m, n, k))
-    if m * n == 0:
-        return False  # nothing to compute, or a size without a hint: left alone
-    return state.policy is not Policy.AUTO or lowering._auto_routes(1, m, n, k)
-
-
-def _broadcasts(shape, out) -> bool:
-    """Whether a bias of `shape` broadcasts to `out` (ws_mm_act's rule: at most 2-D)."""
-    return len(shape) <= 2 and all(
-        size == 1 or size == out_size for size, out_size in zip(reversed(shape), reversed(out)))
+    # A size without a hint counts as 0: nothing routed.
+    return lowering.routable([v.device for v in values], [v.dtype for v in values], 1, m, n, k)
 
 
 def _hint(size) -> int:
@@ -128,8 +107,8 @@ def _searches(apply):
 
 def _trace_patterns() -> pattern_matcher.PatternMatcherPass:
     patterns = pattern_matcher.PatternMatcherPass()
-    for activation, apply in ACTIVATIONS.items():
-        addmm_bias, added_bias, without_bias = _searches(apply)
+    for activation in FUSED:
+        addmm_bias, added_bias, without_bias = _searches(functools.partial(activations.apply, activation=activation))
         for dtype in SUPPORTED_DTYPES:
             a, b, bias = (torch.empty(shape, dtype=dtype) for shape in ((8, 16), (16, 8), (8,)))
             for search, example in ((addmm_bias, (a, b, bias)), (added_bias, (a, b, bias)),

@@ -91,27 +91,33 @@ def _eligible(a, b, bias, rank: int) -> bool:
 
     Decided from dtypes, devices and size hints only: never adds a guard.
     """
-    state = settings.current()
-    if not state.enabled:
+    if not settings.current().enabled:
         return False
     operands = [t for t in (a, b, bias) if t is not None]
-    device = a.get_device()
-    if device is None or device.type not in ("cuda", "cpu") or (device.type == "cpu" and not state.cpu):
-        return False
-    if any(t.get_device() != device or t.get_dtype() != a.get_dtype() for t in operands):
-        return False
-    if a.get_dtype() not in SUPPORTED_DTYPES:
-        return False
     if len(a.get_size()) != rank or len(b.get_size()) != rank:
         return False
     hint = V.graph.sizevars.optimization_hint
     *batch, m, k = a.get_size()
-    batches, m, n, k = hint(batch[0]) if batch else 1, hint(m), hint(b.get_size()[-1]), hint(k)
+    sizes = hint(batch[0]) if batch else 1, hint(m), hint(b.get_size()[-1]), hint(k)
+    return (routable([t.get_device() for t in operands], [t.get_dtype() for t in operands], *sizes)
+            and _cache_key_installed())
+
+
+def routable(devices: list, dtypes: list, batches: int, m: int, n: int, k: int) -> bool:
+    """The routing rules on what a GEMM's operands are (their devices and dtypes, the first
+    A's) and its size hints: one supported dtype on one CUDA device (or the CPU with
+    settings' cpu), something to compute, and policy "auto"'s shapes."""
+    state = settings.current()
+    device = devices[0]
+    if device is None or device.type not in ("cuda", "cpu") or (device.type == "cpu" and not state.cpu):
+        return False
+    if any(d != device for d in devices) or any(t != dtypes[0] for t in dtypes):
+        return False
+    if dtypes[0] not in SUPPORTED_DTYPES:
+        return False
     if batches * m * n == 0:
         return False  # nothing to compute
-    if state.policy is Policy.AUTO and not _auto_routes(batches, m, n, k):
-        return False
-    return _cache_key_installed()
+    return state.policy is not Policy.AUTO or _auto_routes(batches, m, n, k)
 
 
 def _cache_key_installed() -> bool:

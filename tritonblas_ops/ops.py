@@ -97,6 +97,13 @@ def _check_operands(op: str, a: Tensor, b: Tensor, rank: int) -> None:
         )
 
 
+def bias_broadcasts(shape, out_shape) -> bool:
+    """Whether a bias of `shape` broadcasts to the (M, N) output: at most 2-D, each of its
+    sizes 1 or the output's."""
+    return len(shape) <= 2 and all(
+        size == 1 or size == out for size, out in zip(reversed(shape), reversed(out_shape)))
+
+
 def _check_bias(bias: Tensor, a: Tensor, b: Tensor, op: str = "ws_addmm") -> None:
     _check_tensor(op, "bias", bias)
     out_shape = (a.shape[0], b.shape[1])
@@ -108,12 +115,8 @@ def _check_bias(bias: Tensor, a: Tensor, b: Tensor, op: str = "ws_addmm") -> Non
         bias.device == a.device,
         lambda: f"{op}: bias must be on {a.device}, got {bias.device}",
     )
-    broadcasts = bias.dim() <= 2 and all(
-        size == 1 or size == out
-        for size, out in zip(reversed(bias.shape), reversed(out_shape))
-    )
     _check(
-        broadcasts,
+        bias_broadcasts(bias.shape, out_shape),
         lambda: f"{op}: bias of shape {tuple(bias.shape)} does not broadcast to {out_shape}",
     )
 
