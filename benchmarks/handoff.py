@@ -25,7 +25,6 @@ Each row: the median of TRIALS trials, providers taking turns.
 
 import argparse
 import contextlib
-import csv
 import dataclasses
 import pathlib
 import statistics
@@ -190,13 +189,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = sorted(set(args.providers) - set(PROVIDERS))
     if unknown:
         parser.error(f"unknown providers {unknown}; known: {PROVIDERS}")
-    # results.append refuses a CSV of other columns: say so before the run, not after it.
-    columns = [f.name for f in dataclasses.fields(HandoffRow)]
-    if args.out.exists():
-        with args.out.open() as f:
-            existing = next(csv.reader(f), None)
-        if existing != columns:
-            parser.error(f"{args.out} has columns {existing}, this harness writes {columns}: use a new --out file")
+    results.check_columns(args.out, HandoffRow)  # before the run, not after it
     return args
 
 

@@ -89,17 +89,24 @@ def fill_ratios(rows: list[Row]) -> None:
             r.vs_torch_mm = r.tflops / base
 
 
-def append(csv_path: pathlib.Path, rows: list, env: dict) -> None:
-    """rows: dataclass instances of one type (Row, or another harness's own)."""
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    header = [f.name for f in dataclasses.fields(type(rows[0]) if rows else Row)]
-    new = not csv_path.exists()
-    if not new:
+def check_columns(csv_path: pathlib.Path, row_type: type) -> list[str]:
+    """row_type's columns; SystemExit if csv_path exists with other ones (a harness may call
+    this before its run, so as not to find out after it)."""
+    header = [f.name for f in dataclasses.fields(row_type)]
+    if csv_path.exists():
         with csv_path.open() as f:
             existing = next(csv.reader(f), None)
         if existing != header:
             raise SystemExit(f"{csv_path} has columns {existing}, this harness writes {header}: "
                              "use a new --out file")
+    return header
+
+
+def append(csv_path: pathlib.Path, rows: list, env: dict) -> None:
+    """rows: dataclass instances of one type (Row, or another harness's own)."""
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    new = not csv_path.exists()
+    header = check_columns(csv_path, type(rows[0]) if rows else Row)
     with csv_path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=header)
         if new:
