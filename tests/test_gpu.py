@@ -13,7 +13,7 @@ from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import tritonblas_ops  # noqa: F401
-from tritonblas_ops import budget, counters, fastpath, launch, relayout
+from tritonblas_ops import activations, budget, counters, fastpath, launch, relayout
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import select_config
 from tritonblas_ops.launch import ws_matmul
@@ -88,6 +88,25 @@ def test_ops_bf16_fp16(dtype):
     a3 = torch.randn(6, 300, 200, dtype=dtype, device="cuda")
     b3 = torch.randn(6, 200, 500, dtype=dtype, device="cuda")
     assert_matches(torch.ops.tritonblas.ws_bmm(a3, b3), matmul_ref(a3, b3), tol)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("use_tma", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1000, 1300, 700), (4096, 4096, 4096), (16, 14336, 4096)])
+def test_epilogue_activations_bf16(m, n, k, use_tma, activation):
+    """act(a @ b + bias) from the epilogue at real sizes, through the chosen configs (split-K
+    for few rows), against torch's activation of the float64 reference; and the ws_mm_act
+    op with and without a bias, opcheck clean."""
+    a, b = operand(m, k, torch.bfloat16, False), operand(k, n, torch.bfloat16, True)
+    bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    tol = REL_TOLERANCE[torch.bfloat16]
+    reference = activations.apply(matmul_ref(a, b, bias), activation)
+    assert_matches(ws_matmul(a, b, bias, use_tma=use_tma, activation=activation), reference, tol)
+    assert_matches(torch.ops.tritonblas.ws_mm_act(a, b, bias, activation=activation), reference, tol)
+    plain = torch.ops.tritonblas.ws_mm_act(a, b, None, activation=activation)
+    assert_matches(plain, activations.apply(matmul_ref(a, b), activation), tol)
+    if m == 1000 and not use_tma:
+        opcheck(torch.ops.tritonblas.ws_mm_act.default, (a, b, bias), {"activation": activation})
 
 
 @pytest.mark.parametrize("split_k", [1, 4])

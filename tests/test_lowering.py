@@ -733,6 +733,30 @@ def test_fused_epilogues_in_the_inline_form():
     assert re.findall(r"^cpp_fused_\w+ = async_compile\.cpp_pybinding\((\[.*?\])", code, re.M) == ["['int32_t*']"]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["opaque", "inline"])
+def test_gpu_fused_epilogues(path):
+    """On the GPU, in both paths: the bf16 MLP's activations go into the GEMMs' epilogues
+    (op calls or kernels with ACTIVATION set), and the result is as close to a float64 run
+    as the unfused routed one is (plus a floor)."""
+    settings.update(path=path)
+    torch.manual_seed(0)
+    mlp = MLP().cuda().to(torch.bfloat16)
+    x = randn(64, 16, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        plain, _ = compile_and_run(mlp, x)
+        torch._dynamo.reset()
+        tritonblas_ops.fuse_epilogues(True)
+        fused, code = compile_and_run(mlp, x)
+        reference = mlp.double()(x.double())
+    if path == "opaque":
+        assert sorted(routed_calls(code)) == ["ws_addmm", "ws_mm_act", "ws_mm_act"]
+    else:
+        assert {"gelu_tanh", "silu"} <= set(re.findall(r"'ACTIVATION': '(\w+)'", code))
+        assert len(routed_calls(code)) == 3
+    assert rel_error(fused, reference) <= rel_error(plain, reference) + 1e-2
+
+
 def test_fusion_leaves_gemms_whose_output_the_backward_needs(cpu_routing):
     """In a training graph the forward's GEMM output is saved for the activation's
     gradient: no fusion there (the op writes only the activated output), and the
