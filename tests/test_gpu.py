@@ -97,6 +97,8 @@ def test_epilogue_activations_bf16(m, n, k, use_tma, activation):
     """act(a @ b + bias) from the epilogue at real sizes, through the chosen configs (split-K
     for few rows), against torch's activation of the float64 reference; and the ws_mm_act
     op with and without a bias, opcheck clean."""
+    if use_tma and k % 8:
+        pytest.skip("tensor descriptors need 16-byte aligned rows")
     a, b = operand(m, k, torch.bfloat16, False), operand(k, n, torch.bfloat16, True)
     bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
     tol = REL_TOLERANCE[torch.bfloat16]

@@ -684,13 +684,16 @@ class MLP(torch.nn.Module):
         return self.proj(F.gelu(self.fc(x), approximate="tanh")) + F.silu(self.gate(x)).mean(-1, keepdim=True)
 
 
-def test_fused_epilogues_replace_a_gemm_and_its_activation(cpu_routing):
+@pytest.mark.parametrize("leading", [(32,), (2, 16)])
+def test_fused_epilogues_replace_a_gemm_and_its_activation(cpu_routing, leading):
     """fuse_epilogues(True): each GEMM whose only reader is its activation becomes one
     ws_mm_act call (the bias too), Inductor generates fewer pointwise kernels, the result
     is eager's within fp32 tolerance and bitwise the same run to run. Off, the GEMMs are
-    routed as usual and the activations are Inductor's kernels."""
+    routed as usual and the activations are Inductor's kernels. With 3-D input the
+    activation reads the GEMM through a view back to (batch, sequence, features): fused
+    too, the view applied to the op's output."""
     torch.manual_seed(0)
-    mlp, x = MLP(), randn(32, 16)
+    mlp, x = MLP(), randn(*leading, 16)
     with torch.no_grad():
         plain, plain_code = compile_and_run(mlp, x)
         tritonblas_ops.fuse_epilogues(True)
@@ -742,7 +745,7 @@ def test_gpu_fused_epilogues(path):
     settings.update(path=path)
     torch.manual_seed(0)
     mlp = MLP().cuda().to(torch.bfloat16)
-    x = randn(64, 16, dtype=torch.bfloat16, device="cuda")
+    x = randn(4, 16, 16, dtype=torch.bfloat16, device="cuda")  # 3-D: the GEMMs' outputs are viewed
     with torch.no_grad():
         plain, _ = compile_and_run(mlp, x)
         torch._dynamo.reset()

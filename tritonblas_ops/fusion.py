@@ -6,14 +6,15 @@ A post-grad pass, run by lowering's cache-key pass (so the setting is in the com
 cache keys). Post-grad graphs hold activations as Inductor's decompositions leave them
 (GELU's tanh form is eight pointwise nodes), so the patterns are traced through the same
 decompositions, as Inductor traces its own (`pattern_matcher.gen_pattern`), once per
-dtype: mm(a, b), addmm(bias, a, b) or mm(a, b) + bias, then relu, gelu,
-gelu(approximate="tanh") or silu.
+dtype: mm(a, b), addmm(bias, a, b) or mm(a, b) + bias, perhaps viewed (an nn.Linear on
+3-D input views its 2-D GEMM back), then relu, gelu, gelu(approximate="tanh") or silu.
 The pattern matcher replaces a match only where no node outside it reads the GEMM's
 output: in a training graph the forward's GEMM output is saved for the backward, so those
 GEMMs stay unfused (the op would have to write the pre-activation as well).
 """
 
 import functools
+import itertools
 import threading
 
 import torch
@@ -61,18 +62,38 @@ def _fusable(match: pattern_matcher.Match) -> bool:
     return _routes(match.kwargs["a"], match.kwargs["b"], match.kwargs.get("bias"))
 
 
-def _replace_with_op(activation: str):
+def _replace_with_op(activation: str, viewed: bool):
     def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
         out = match.output_node()
-        with match.graph.inserting_before(out):
-            fused = match.graph.call_function(
+        graph = match.graph
+        with graph.inserting_before(out):
+            fused = graph.call_function(
                 torch.ops.tritonblas.ws_mm_act.default,
                 (kwargs["a"], kwargs["b"], kwargs.get("bias")), {"activation": activation})
+            if viewed:  # the activation read the GEMM's output through a view: view the result
+                view = next(node for node in match.nodes if node.target in _VIEWS)
+                fused.meta["val"] = view.args[0].meta["val"]
+                fused = graph.call_function(view.target, (fused, view.args[1]))
         fused.meta.update(out.meta)
         out.replace_all_uses_with(fused)
         match.erase_nodes()
 
     return replace
+
+
+# Tracing spells the view aten.view; post-grad graphs hold it as aten.reshape (Inductor's
+# view_to_reshape runs before custom passes).
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default)
+
+
+def _also_reshape(pattern: pattern_matcher.PatternExpr) -> None:
+    """Make the traced pattern's view node match either spelling of the view."""
+    if isinstance(pattern, pattern_matcher.CallFunction):
+        if torch.ops.aten.view.default in pattern.fns:
+            pattern.fns = list(_VIEWS)
+            pattern.fns_set = type(pattern.fns_set)(_VIEWS)
+        for arg in pattern.args:
+            _also_reshape(arg)
 
 
 _lock = threading.Lock()
@@ -89,31 +110,37 @@ def _patterns() -> pattern_matcher.PatternMatcherPass:
         return _built
 
 
-def _searches(apply):
+def _searches(apply, view):
     """The search functions of one activation (their parameters name the pattern's inputs):
     with addmm's bias, with a bias added after mm (Inductor unfuses fp32 addmm so on GPUs
-    when every reader is pointwise), without one."""
+    when every reader is pointwise), without one; `view` is applied to the GEMM's output
+    before the activation (the identity, or the view back to a Linear's leading dimensions:
+    its sizes are a list, which the traced pattern matches whatever they are)."""
     def addmm_bias(a, b, bias):
-        return apply(torch.addmm(bias, a, b))
+        return apply(view(torch.addmm(bias, a, b)))
 
     def added_bias(a, b, bias):
-        return apply(torch.mm(a, b) + bias)
+        return apply(view(torch.mm(a, b) + bias))
 
     def without_bias(a, b):
-        return apply(torch.mm(a, b))
+        return apply(view(torch.mm(a, b)))
 
     return addmm_bias, added_bias, without_bias
 
 
 def _trace_patterns() -> pattern_matcher.PatternMatcherPass:
     patterns = pattern_matcher.PatternMatcherPass()
-    for activation in FUSED:
-        addmm_bias, added_bias, without_bias = _searches(functools.partial(activations.apply, activation=activation))
+    for activation, viewed in itertools.product(FUSED, (False, True)):
+        apply = functools.partial(activations.apply, activation=activation)
+        view = (lambda x: x.view(2, 4, 8)) if viewed else (lambda x: x)
+        addmm_bias, added_bias, without_bias = _searches(apply, view)
         for dtype in SUPPORTED_DTYPES:
             a, b, bias = (torch.empty(shape, dtype=dtype) for shape in ((8, 16), (16, 8), (8,)))
             for search, example in ((addmm_bias, (a, b, bias)), (added_bias, (a, b, bias)),
                                     (without_bias, (a, b))):
                 pattern = pattern_matcher.gen_pattern(search, example, pattern_matcher.fwd_only)
+                if viewed:
+                    _also_reshape(pattern)
                 pattern_matcher.register_graph_pattern(
-                    pattern, extra_check=_fusable, pass_dict=patterns)(_replace_with_op(activation))
+                    pattern, extra_check=_fusable, pass_dict=patterns)(_replace_with_op(activation, viewed))
     return patterns
