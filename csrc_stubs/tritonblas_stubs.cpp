@@ -1,6 +1,7 @@
 // torch.ops.tritonblas.* for processes without Python: the schemas, the input checks, the
 // output shapes (meta tensors, symbolic sizes included) and a plain aten fallback (at::mm /
-// addmm / bmm, and the activation after them for ws_mm_act, on any device), so that a C++ process can load and run a model (an
+// addmm / bmm, and the activation after them for ws_mm_act, on any device; at::_grouped_mm for
+// ws_grouped_mm, whose rows past offs[-1] aten leaves unwritten where the Triton kernel writes zeros), so that a C++ process can load and run a model (an
 // AOTInductor package, an exported program) that calls these ops. No autograd formula: a
 // backward through the fallback goes through aten's, with torch's "no autograd kernel"
 // warning.
@@ -19,6 +20,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_grouped_mm.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
@@ -41,6 +43,9 @@ constexpr const char* kWsAddmm =
 constexpr const char* kWsBmm = "tritonblas::ws_bmm(Tensor a, Tensor b) -> Tensor";
 constexpr const char* kWsMmAct =
     "tritonblas::ws_mm_act(Tensor a, Tensor b, Tensor? bias, *, str activation) -> Tensor";
+constexpr const char* kWsGroupedMm =
+    "tritonblas::ws_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor? offs=None, Tensor? bias=None, "
+    "ScalarType? out_dtype=None) -> Tensor";
 
 // ---------------------------------------------------------------------------------------
 // Input checks: the same conditions and messages as tritonblas_ops/ops.py
@@ -191,6 +196,42 @@ at::Tensor ws_mm_act(const at::Tensor& a, const at::Tensor& b,
   return product;
 }
 
+at::Tensor ws_grouped_mm(const at::Tensor& a, const at::Tensor& b,
+                         const std::optional<at::Tensor>& offs,
+                         const std::optional<at::Tensor>& bias,
+                         std::optional<c10::ScalarType> out_dtype) {
+  const char* op = "ws_grouped_mm";
+  check_tensor(op, "mat_a", a);
+  check_tensor(op, "mat_b", b);
+  TORCH_CHECK(a.dim() == 2 || a.dim() == 3, op, ": mat_a must be 2-D or 3-D, got shape ", shape(a));
+  TORCH_CHECK(b.dim() == 2 || b.dim() == 3, op, ": mat_b must be 2-D or 3-D, got shape ", shape(b));
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), op,
+              ": mat_a and mat_b must have the same dtype, got ", dtype_name(a.scalar_type()),
+              " and ", dtype_name(b.scalar_type()));
+  TORCH_CHECK(a.sym_size(-1) == b.sym_size(-2), op, ": inner dimensions differ: mat_a is ",
+              shape(a), ", mat_b is ", shape(b));
+  const bool batched = a.dim() == 3 && b.dim() == 3;
+  TORCH_CHECK(batched != offs.has_value(), op, batched
+              ? ": offs must be None for 3-D x 3-D operands (a batched GEMM)"
+              : ": offs (the groups' cumulative ends) is needed for 2-D operands");
+  TORCH_CHECK(!bias.has_value(), op, ": bias is not supported (as for torch._grouped_mm)");
+  TORCH_CHECK(!out_dtype.has_value() || *out_dtype == a.scalar_type(), op,
+              ": out_dtype must be None or the inputs' dtype (", dtype_name(a.scalar_type()), ")");
+  if (a.is_meta()) {
+    if (batched) {
+      return at::empty_symint({a.sym_size(0), a.sym_size(1), b.sym_size(2)}, a.options());
+    }
+    if (a.dim() == 2 && b.dim() == 3) {
+      return at::empty_symint({a.sym_size(0), b.sym_size(2)}, a.options());
+    }
+    if (a.dim() == 3) {
+      return at::empty_symint({a.sym_size(1), b.sym_size(1)}, a.options());
+    }
+    return at::empty_symint({offs->sym_size(0), a.sym_size(0), b.sym_size(1)}, a.options());
+  }
+  return at::_grouped_mm(a, b, offs, bias, out_dtype);
+}
+
 // ---------------------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------------------
@@ -228,4 +269,5 @@ TORCH_LIBRARY_FRAGMENT(tritonblas, m) {
   define(m, kWsAddmm, TORCH_FN(ws_addmm));
   define(m, kWsBmm, TORCH_FN(ws_bmm));
   define(m, kWsMmAct, TORCH_FN(ws_mm_act));
+  define(m, kWsGroupedMm, TORCH_FN(ws_grouped_mm));
 }

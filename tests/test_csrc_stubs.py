@@ -30,7 +30,7 @@ def test_python_ops_have_the_schemas_of_schemas_py():
 
 def test_cpp_library_registers_the_schemas_of_schemas_py(stubs):
     result, _ = stubs_only(stubs, """
-        for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act"):
+        for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act", "ws_grouped_mm"):
             op = getattr(torch.ops.tritonblas, name).default
             dump = torch._C._dispatch_dump(f"tritonblas::{name}")
             kernels = [line.split(":")[0] for line in dump.splitlines() if "tritonblas_stubs.cpp" in line]
@@ -193,7 +193,7 @@ LOAD_ORDER = """
 
     # Whose schema, and whose kernels are active: the Python ones, whatever the order.
     result["schema_from"], result["cpp_kernels_active"] = {{}}, {{}}
-    for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act"):
+    for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act", "ws_grouped_mm"):
         lines = torch._C._dispatch_dump(f"tritonblas::{{name}}").splitlines()
         debug = next(line for line in lines if line.startswith("debug:"))
         result["schema_from"][name] = "cpp" if "tritonblas_stubs.cpp" in debug else "python"

@@ -2,7 +2,7 @@
 
 from tritonblas_ops import distributed as _distributed
 from tritonblas_ops import lowering as _lowering
-from tritonblas_ops import ops  # noqa: F401  (registers torch.ops.tritonblas.*)
+from tritonblas_ops import grouped, ops  # noqa: F401  (register torch.ops.tritonblas.*)
 from tritonblas_ops.budget import LiveBudget, get_sm_budget, sm_budget
 from tritonblas_ops.config import TileConfig
 from tritonblas_ops.launch import is_checked, set_checked, ws_matmul

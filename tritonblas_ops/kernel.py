@@ -19,7 +19,8 @@ schedule. No wait is unbounded: a sum that waits too long for its slices gives u
 NaN and flags the launch's status (scheduler.STATUS_*).
 
 Reads top to bottom: work-unit helpers, the tile body (descriptors, product, split-K sum,
-epilogue), the persistent loop.
+epilogue), the persistent loop, then the grouped loop (mixture-of-experts GEMMs: each
+group's tiles in the same queue, the same tile body).
 """
 
 import triton
@@ -33,7 +34,7 @@ _TL_CORE = tl.core
 # The status bits below are scheduler.STATUS_*: this module holds device code only.
 _CLAIM_OUT_OF_RANGE: tl.constexpr = tl.constexpr(1)
 _WAIT_TIMED_OUT: tl.constexpr = tl.constexpr(2)
-
+_BAD_OFFSETS: tl.constexpr = tl.constexpr(4)
 
 # ---------------------------------------------------------------------------------------
 # Work-unit helpers
@@ -149,15 +150,16 @@ def _program_descriptor(ptr, num_batches, rows, cols, stride_batch, stride_row, 
 
 @triton.jit
 def _tile_product(
-    a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, k_begin, k_end,
-    M, N, K,
+    a_ptr, b_ptr, a_desc, b_desc, a_batch, b_batch, m0, n0, k_begin, k_end,
+    M, N,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNKS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
 ):
-    """One output tile's fp32 product over K in [k_begin, k_end), in a fixed order.
+    """The fp32 product of A[a_batch]'s rows [m0, m0 + BLOCK_M) and B[b_batch]'s columns
+[n0, n0 + BLOCK_N) over K in [k_begin, k_end), in a fixed order: one output tile's.
 
     K_CHUNKS > 1 (batch-invariant launches): the range in K_CHUNKS chunks of whole K steps,
     each accumulated from zero and added to a total in order, exactly as split-K's partials
@@ -167,7 +169,7 @@ def _tile_product(
     """
     if K_CHUNKS == 1:
         return _k_range_product(
-            a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, k_begin, k_end, M, N,
+            a_ptr, b_ptr, a_desc, b_desc, a_batch, b_batch, m0, n0, k_begin, k_end, M, N,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX, USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
         )
@@ -177,7 +179,7 @@ def _tile_product(
         # A chunk past K's end (planning leaves none) adds a zero, as split-K's empty slice.
         chunk_begin = k_begin + chunk * k_per_chunk
         total += _k_range_product(
-            a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, chunk_begin,
+            a_ptr, b_ptr, a_desc, b_desc, a_batch, b_batch, m0, n0, chunk_begin,
             tl.minimum(k_end, chunk_begin + k_per_chunk), M, N,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX, USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
@@ -187,7 +189,7 @@ def _tile_product(
 
 @triton.jit
 def _k_range_product(
-    a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, k_begin, k_end, M, N,
+    a_ptr, b_ptr, a_desc, b_desc, a_batch, b_batch, m0, n0, k_begin, k_end, M, N,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -196,38 +198,38 @@ def _k_range_product(
 ):
     """A tile's fp32 product over K in [k_begin, k_end), accumulated from zero in K order.
     Edges are exact: rows and columns past M, N, k_end are read as zeros (no index wrapping).
+    (A grouped launch passes a group's end as M or N: rows past it are another group's.)
 
     USE_TMA: operands move through the program's tensor descriptors (Hopper's copy engine),
     which clip the edges in hardware; K slices end on multiples of BLOCK_K, so only the last
     one meets the edge at K. Otherwise through masked pointer loads, for any strides.
     """
-    m0 = tile_m * BLOCK_M
-    n0 = tile_n * BLOCK_N
     if not USE_TMA:
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         offs_k = k_begin + tl.arange(0, BLOCK_K)
         if INT64_INDEX:  # some element offset reaches 2**31: do the address math in int64
-            batch = batch.to(tl.int64)
+            a_batch = a_batch.to(tl.int64)
+            b_batch = b_batch.to(tl.int64)
             offs_m = offs_m.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
             offs_k = offs_k.to(tl.int64)
         in_m = offs_m < M
         in_n = offs_n < N
-        a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+        a_ptrs = a_ptr + a_batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + b_batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         if USE_TMA:
             if A_ROW_MAJOR:
-                a = a_desc.load([batch, m0, k0]).reshape(BLOCK_M, BLOCK_K)
+                a = a_desc.load([a_batch, m0, k0]).reshape(BLOCK_M, BLOCK_K)
             else:
-                a = a_desc.load([batch, k0, m0]).reshape(BLOCK_K, BLOCK_M).T
+                a = a_desc.load([a_batch, k0, m0]).reshape(BLOCK_K, BLOCK_M).T
             if B_ROW_MAJOR:
-                b = b_desc.load([batch, k0, n0]).reshape(BLOCK_K, BLOCK_N)
+                b = b_desc.load([b_batch, k0, n0]).reshape(BLOCK_K, BLOCK_N)
             else:
-                b = b_desc.load([batch, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
+                b = b_desc.load([b_batch, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
         else:
             in_k = offs_k < k_end
             a = tl.load(a_ptrs, mask=in_m[:, None] & in_k[None, :], other=0.0)
@@ -399,10 +401,12 @@ def ws_matmul_kernel(
         tile = unit // SPLIT_K
         split = unit % SPLIT_K
         batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        m0 = tile_m * BLOCK_M
+        n0 = tile_n * BLOCK_N
         k_begin = split * k_per_split
         k_end = tl.minimum(K, k_begin + k_per_split)
         acc = _tile_product(
-            a_ptr, b_ptr, a_desc, b_desc, batch, tile_m, tile_n, k_begin, k_end, M, N, K,
+            a_ptr, b_ptr, a_desc, b_desc, batch, batch, m0, n0, k_begin, k_end, M, N,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNKS, INPUT_PRECISION, INT64_INDEX,
             USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
@@ -416,8 +420,6 @@ def ws_matmul_kernel(
         else:
             next_unit = unit + num_programs
             next_unit = tl.where(next_unit < num_units, next_unit, -1)
-        m0 = tile_m * BLOCK_M
-        n0 = tile_n * BLOCK_N
         if SPLIT_K == 1:
             tile_done = True
         elif WORK_STEALING:
@@ -483,6 +485,172 @@ def ws_matmul_kernel(
                 tl.store(arrivals_ptr + tile, 0)
             units_done += 1
             part = next_part
+
+    if CHECKED:
+        tl.atomic_add(tally_ptr, units_done, sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------
+# The grouped persistent loop: mixture-of-experts GEMMs (torch._grouped_mm), every
+# group's tiles in one queue
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _max(x, y):
+    return tl.maximum(x, y)
+
+
+@triton.jit
+def _groups(offs_ptr, num_groups, extent, GROUPS_BLOCK: tl.constexpr):
+    """Each group's [begin, end) along the ragged dimension, from offs (its groups' ends), as
+    vectors over GROUPS_BLOCK > num_groups slots: groups 0..G-1, the tail [offs[G-1],
+    extent) as group G (no group's: written as zeros), then empty ones. Also whether offs
+    was malformed (an end outside [0, extent], or below the one before): its ends are then
+    clamped and made non-decreasing, so the groups stay disjoint and inside the operands."""
+    idx = tl.arange(0, GROUPS_BLOCK)
+    ends = tl.load(offs_ptr + idx, mask=idx < num_groups, other=extent)
+    begins = tl.load(offs_ptr + idx - 1, mask=(idx >= 1) & (idx <= num_groups), other=0)
+    begins = tl.where(idx > num_groups, extent, begins)
+    bad = (idx < num_groups) & ((ends < begins) | (ends < 0) | (ends > extent))
+    # begins is ends shifted by one, so the same clamp and running max keep it so.
+    ends = tl.associative_scan(tl.minimum(tl.maximum(ends, 0), extent), 0, _max)
+    begins = tl.associative_scan(tl.minimum(tl.maximum(begins, 0), extent), 0, _max)
+    return begins, ends, tl.max(bad.to(tl.int32)) > 0
+
+
+@triton.jit
+def _pick(values, index, GROUPS_BLOCK: tl.constexpr):
+    """values[index] of a vector over groups, as a scalar."""
+    return tl.sum(tl.where(tl.arange(0, GROUPS_BLOCK) == index, values, 0))
+
+
+@triton.jit
+def ws_grouped_kernel(
+    a_ptr, b_ptr, c_ptr,  # as RAGGED says (below); a 2-D operand has batch stride 0
+    offs_ptr,  # int32 (num_groups,): the groups' ends along the ragged dimension
+    counters_ptr,  # int32, zero at launch and left at zero (scheduler.WorkQueue, split_k 1)
+    unit_counts_ptr,  # int32 zeroed, or None: +1 per unit done (tests)
+    budget_ptr,  # int32 (1,): a live budget, or None
+    a_desc, b_desc,  # A's and B's tensor descriptors under USE_TMA (built on the host), or
+    # None along K, where each unit makes its group's
+    M, N, K, num_groups,  # M, N, K: whole extents (the ragged one summed over its groups)
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr,
+    CHECKED: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64_INDEX: tl.constexpr,
+    USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
+    # Which dimension offs splits: "m": A (M, K) of every group's rows, B (G, K, N), C (M, N)
+    # (the MoE forward); "n": A (G, M, K), B (K, N), C (M, N); "k": A (M, K), B (K, N),
+    # C (G, M, N) (the weight gradient).
+    RAGGED: tl.constexpr,
+    GROUPS_BLOCK: tl.constexpr,  # a power of two above num_groups
+):
+    """C = A @ B per group, every group's tiles in one work-stealing queue, sized on the GPU
+    from offs (no host sync): along a ragged M or N a group's rows (columns) make whole tile
+    rows (columns) of their own, "slots", numbered group after group; along K each group is
+    one batch of tiles with its own K range. The tile body is the GEMM's, with the group's
+    end passed as the M (N) edge; rows past it are read (another group's) but not stored."""
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    tally_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
+    status_ptr = tally_ptr + 1
+    if RAGGED == "m":
+        begins, ends, bad = _groups(offs_ptr, num_groups, M, GROUPS_BLOCK)
+        slots = tl.cdiv(ends - begins, BLOCK_M)
+    elif RAGGED == "n":
+        begins, ends, bad = _groups(offs_ptr, num_groups, N, GROUPS_BLOCK)
+        slots = tl.cdiv(ends - begins, BLOCK_N)
+    else:
+        tl.static_assert(RAGGED == "k", "RAGGED is m, n or k")
+        begins, ends, bad = _groups(offs_ptr, num_groups, K, GROUPS_BLOCK)
+        slots = tl.zeros((GROUPS_BLOCK,), tl.int32)
+    if bad & (pid == 0):
+        tl.atomic_or(status_ptr, _BAD_OFFSETS, sem="relaxed")
+    slot_ends = tl.cumsum(slots, 0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_batches = 1
+    if RAGGED == "m":
+        tiles_m = tl.sum(slots)
+    elif RAGGED == "n":
+        tiles_n = tl.sum(slots)
+    else:
+        num_batches = num_groups
+    num_units = tiles_m * tiles_n * num_batches
+    units_done = 0
+
+    home_shard = pid % NUM_SHARDS
+    dry_shards = 0
+    leaving = _leaving(budget_ptr, pid)
+    unit, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_units,
+                                   num_programs, leaving, budget_ptr, NUM_SHARDS, COUNTER_STRIDE)
+    while unit >= 0:
+        batch, tile_m, tile_n = _tile_coords(unit, tiles_m, tiles_n, GROUP_M)
+        m0 = tile_m * BLOCK_M
+        n0 = tile_n * BLOCK_N
+        m_end = M
+        n_end = N
+        k_begin = 0
+        k_end = K
+        a_batch = batch  # a 2-D operand's batch stride is 0 (batch is 0 but along K)
+        b_batch = batch
+        if RAGGED == "k":
+            k_begin = _pick(begins, batch, GROUPS_BLOCK)
+            k_end = _pick(ends, batch, GROUPS_BLOCK)
+            if USE_TMA:
+                # Descriptors of the group's K range alone, whose edge the copy engine clips
+                # (one covering all of K would sum the next group's rows into this one).
+                # The host takes this path only where K is no operand's unit stride, so the
+                # shifted bases stay 16-byte aligned.
+                k_len = tl.maximum(k_end - k_begin, 1)
+                a_desc = _program_descriptor(a_ptr + k_begin * stride_ak, 1, M, k_len, 0, stride_am, stride_ak,
+                                             BLOCK_M, BLOCK_K, A_ROW_MAJOR)
+                b_desc = _program_descriptor(b_ptr + k_begin * stride_bk, 1, k_len, N, 0, stride_bk, stride_bn,
+                                             BLOCK_K, BLOCK_N, B_ROW_MAJOR)
+                k_end -= k_begin
+                k_begin = 0
+                a_batch = batch * 0
+                b_batch = batch * 0
+        else:
+            slot = tile_m if RAGGED == "m" else tile_n
+            group = tl.sum((slot_ends <= slot).to(tl.int32))
+            group_slots = _pick(slots, group, GROUPS_BLOCK)
+            first = (_pick(begins, group, GROUPS_BLOCK)
+                     + (slot - _pick(slot_ends, group, GROUPS_BLOCK) + group_slots)
+                     * (BLOCK_M if RAGGED == "m" else BLOCK_N))
+            end = _pick(ends, group, GROUPS_BLOCK)
+            k_end = tl.where(group < num_groups, K, 0)  # the tail: no product, zeros
+            expert = tl.minimum(group, num_groups - 1)
+            if RAGGED == "m":
+                m0 = first
+                m_end = end
+                b_batch = expert
+            else:
+                n0 = first
+                n_end = end
+                a_batch = expert
+        acc = _tile_product(
+            a_ptr, b_ptr, a_desc, b_desc, a_batch, b_batch, m0, n0, k_begin, k_end, m_end, n_end,
+            stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, 1, INPUT_PRECISION, INT64_INDEX,
+            USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
+        )
+        leaving = _leaving(budget_ptr, pid)
+        next_unit, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_units,
+                                            num_programs, leaving, budget_ptr, NUM_SHARDS, COUNTER_STRIDE)
+        # Pointer stores: a tile's box would write past its group's end into the next one's.
+        _store_tile(
+            acc, c_ptr, None, None, batch, m0, n0, m_end, n_end,
+            stride_cb, stride_cm, stride_cn, 0, 0, 1.0, 0.0,
+            BLOCK_M, BLOCK_N, INT64_INDEX, False, "none",
+        )
+        if unit_counts_ptr is not None:
+            tl.atomic_add(unit_counts_ptr + unit, 1, sem="relaxed")
+        units_done += 1
+        unit = next_unit
 
     if CHECKED:
         tl.atomic_add(tally_ptr, units_done, sem="relaxed")

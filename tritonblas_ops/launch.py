@@ -228,12 +228,18 @@ def _scratch_for_program_descriptors(*args, **kwargs) -> None:
     not. So before any such launch through the jit function, in the launching thread, ours
     is set, only where no allocator is: one the application set stays. (Triton has no public
     way to read the allocator: triton.runtime._allocation.)"""
-    from triton.runtime import _allocation
-
     bound = {**dict(zip(ws_matmul_kernel.arg_names, args)), **kwargs}
     program_descriptors = ((bound.get("USE_TMA") and bound.get("a_desc") is None)
                            or (bound.get("TMA_STORE") and bound.get("c_desc") is None))
-    if program_descriptors and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+    if program_descriptors:
+        ensure_scratch_allocator()
+
+
+def ensure_scratch_allocator() -> None:
+    """Triton's allocator set to ours in this thread, unless the application set one."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(_scratch)
 
 

@@ -2,8 +2,9 @@
 
 After AOTAutograd, the GEMMs a model spells `@`, torch.matmul, torch.mm / addmm / bmm,
 nn.Linear or F.linear are aten.mm, aten.addmm or aten.bmm nodes, in the forward and the
-backward graph alike. Inductor lowers each node through
-`torch._inductor.lowering.lowerings[overload]`; `install()` wraps the entries of those three
+backward graph alike (and a mixture-of-experts layer's torch._grouped_mm is
+aten._grouped_mm). Inductor lowers each node through
+`torch._inductor.lowering.lowerings[overload]`; `install()` wraps the entries of those four
 `.default` overloads once, at import (registering on the overload packet silently does
 nothing). The wrapper decides per GEMM, while the graph is being lowered: routed, or
 Inductor's own lowering, called unchanged. Deciding then, not when torch.compile is called,
@@ -12,7 +13,7 @@ Which GEMMs are eligible is settings.py's (the routing settings).
 
 A routed GEMM becomes one of two things (settings' `path`):
 - "opaque" (default): a call of torch.ops.tritonblas.ws_mm / ws_addmm / ws_bmm (an Inductor
-  FallbackKernel). The op plans its launch at run time, exactly as eagerly (TMA included),
+  FallbackKernel; always so for ws_grouped_mm, whose tiles are counted on the GPU). The op plans its launch at run time, exactly as eagerly (TMA included),
   and pays the op's host time per GEMM.
 - "inline": the kernel itself, a user-defined Triton kernel in the generated code, launched
   as plan.py plans it for the operands' layouts, with Inductor allocating the output, the
@@ -294,7 +295,29 @@ def _route_bmm(a, b):
     return _emit(torch.ops.tritonblas.ws_bmm.default, a, b) if _eligible(a, b, None, rank=3) else None
 
 
-_ROUTES = {aten.mm.default: _route_mm, aten.addmm.default: _route_addmm, aten.bmm.default: _route_bmm}
+def _route_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, layout=None):
+    """aten._grouped_mm (mixture-of-experts GEMMs, forward and backward) becomes a call of
+    ws_grouped_mm, which sizes its groups on the GPU: always the op form."""
+    if bias is not None or (out_dtype is not None and out_dtype != mat_a.get_dtype()):
+        return None
+    if not (settings.current().enabled and _cache_key_installed()):
+        return None
+    hint = V.graph.sizevars.optimization_hint
+    a_sizes, b_sizes = [hint(s) for s in mat_a.get_size()], [hint(s) for s in mat_b.get_size()]
+    # The GEMM as routing's rules see it: the ragged dimension whole, one batch per group
+    # along K (where each group is a GEMM of the whole M and N).
+    m, k, n = a_sizes[-2], a_sizes[-1], b_sizes[-1]
+    batches = b_sizes[0] if len(a_sizes) == len(b_sizes) == 3 else 1
+    if len(a_sizes) == len(b_sizes) == 2:
+        batches, k = hint(offs.get_size()[0]), k // max(hint(offs.get_size()[0]), 1)
+    devices = [t.get_device() for t in (mat_a, mat_b)]
+    if not routable(devices, [mat_a.get_dtype(), mat_b.get_dtype()], batches, m, n, k):
+        return None
+    return _emit_opaque(torch.ops.tritonblas.ws_grouped_mm.default, mat_a, mat_b, offs)
+
+
+_ROUTES = {aten.mm.default: _route_mm, aten.addmm.default: _route_addmm, aten.bmm.default: _route_bmm,
+           aten._grouped_mm.default: _route_grouped_mm}
 
 
 def _lower_mm_act(a, b, bias, *, activation):
@@ -362,7 +385,7 @@ def _source_hash() -> str:
 
 
 def install() -> None:
-    """Wrap Inductor's mm / addmm / bmm lowerings, lower ws_mm_act (epilogue fusion's op)
+    """Wrap Inductor's mm / addmm / bmm / _grouped_mm lowerings, lower ws_mm_act (epilogue fusion's op)
     and add the cache-key pass; idempotent."""
     for op, route in _ROUTES.items():
         if getattr(inductor_lowering.lowerings[op], "tritonblas_route", None) is None:

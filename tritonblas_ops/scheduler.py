@@ -42,10 +42,13 @@ from tritonblas_ops.device import COUNTER_STRIDE
 # Status bits the kernel sets (atomic or) in the tally line's second word.
 STATUS_CLAIM_OUT_OF_RANGE = 1  # a claim returned more than size + programs - 1: stale counter
 STATUS_WAIT_TIMED_OUT = 2  # a split-K sum gave up waiting for its slices and wrote NaN
+STATUS_BAD_OFFSETS = 4  # a grouped launch's offs was malformed (its groups were clamped)
 STATUS_NAMES = {
     STATUS_CLAIM_OUT_OF_RANGE: "a claim counter returned a value no launch can reach (it was not zero at launch)",
     STATUS_WAIT_TIMED_OUT: "a split-K sum gave up waiting for its slices (their arrival count was wrong); "
                            "its rows were written as NaN",
+    STATUS_BAD_OFFSETS: "a grouped launch (ws_grouped_mm) got offs that were not non-decreasing ends "
+                        "within the ragged dimension; its groups were clamped to fit",
 }
 
 # Polls of a tile's arrival counter before a split-K sum gives up (each poll is an L2

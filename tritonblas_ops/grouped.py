@@ -1,0 +1,324 @@
+"""Grouped GEMMs (mixture-of-experts): torch.ops.tritonblas.ws_grouped_mm, with the
+semantics of torch._grouped_mm, every group's tiles in one work-stealing queue.
+
+`offs` holds the groups' ends (cumulative sizes, int32) along the dimension it splits:
+- 2-D x 3-D, ragged M: A (T, K) holds the tokens sorted by group, B (G, K, N) a matrix per
+  group, C (T, N) (the MoE forward). Rows past offs[-1] belong to no group: zeros.
+- 3-D x 2-D, ragged N: A (G, M, K), B (K, T), C (M, T); columns past offs[-1]: zeros.
+- 2-D x 2-D, ragged K: A (M, T), B (T, N), C (G, M, N) = A[:, group] @ B[group, :] (the
+  weight gradient); an empty group's matrix is zeros.
+- 3-D x 3-D: no offs, a bmm (ws_bmm's launch).
+The kernel reads offs on the GPU (kernel.ws_grouped_kernel): no host sync, so a launch
+can be captured in a CUDA graph. A malformed offs (decreasing, or outside [0, T]) is
+clamped into disjoint groups and flagged in the launch's status; checked launches
+(launch.set_checked) read offs first and raise naming what is wrong.
+
+Each output tile is computed by one program over its whole K range in a fixed order, so
+results are bitwise the same whatever the schedule and however many programs run.
+"""
+
+import dataclasses
+import threading
+
+import torch
+import triton
+from torch import Tensor
+
+from tritonblas_ops import budget, interpreter, launch
+from tritonblas_ops import counters as counter_pool
+from tritonblas_ops import device as devices
+from tritonblas_ops.device import COUNTER_STRIDE
+from tritonblas_ops.config import TileConfig, select_config
+from tritonblas_ops.kernel import ws_grouped_kernel
+from tritonblas_ops.ops import SUPPORTED_DTYPES, _check, _check_tensor
+from tritonblas_ops.plan import Operand, _describable, _max_offset, tf32_enabled
+from tritonblas_ops.scheduler import WorkQueue
+from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
+
+OP = "ws_grouped_mm"
+
+
+def ragged_dim(a: Tensor, b: Tensor) -> str | None:
+    """Which dimension offs splits, from the operands' ranks: "m", "n", "k", or None (3-D x 3-D)."""
+    return {(2, 3): "m", (3, 2): "n", (2, 2): "k", (3, 3): None}[(a.dim(), b.dim())]
+
+
+def out_shape(a: Tensor, b: Tensor, offs: Tensor | None) -> tuple:
+    ragged = ragged_dim(a, b)
+    if ragged == "m":
+        return a.shape[0], b.shape[2]
+    if ragged == "n":
+        return a.shape[1], b.shape[1]
+    if ragged == "k":
+        return offs.shape[0], a.shape[0], b.shape[1]
+    return a.shape[0], a.shape[1], b.shape[2]
+
+
+# ---------------------------------------------------------------------------------------
+# Input checks (real and fake tensors: offs's values are not read here)
+# ---------------------------------------------------------------------------------------
+
+
+def check_inputs(a, b, offs, bias, out_dtype) -> None:
+    _check_tensor(OP, "mat_a", a)
+    _check_tensor(OP, "mat_b", b)
+    for name, t in (("mat_a", a), ("mat_b", b)):
+        _check(t.dim() in (2, 3), lambda: f"{OP}: {name} must be 2-D or 3-D, got shape {tuple(t.shape)}")
+    _check(a.dtype == b.dtype, lambda: f"{OP}: mat_a and mat_b must have the same dtype, got {a.dtype} and {b.dtype}")
+    _check(a.dtype in SUPPORTED_DTYPES,
+           lambda: f"{OP}: dtype {a.dtype} is not supported; use float16, bfloat16 or float32")
+    _check(a.device == b.device, lambda: f"{OP}: mat_a and mat_b must be on the same device, got {a.device} and {b.device}")
+    _check(a.shape[-1] == b.shape[-2], lambda: f"{OP}: inner dimensions differ: mat_a is {tuple(a.shape)}, "
+                                               f"mat_b is {tuple(b.shape)}")
+    ragged = ragged_dim(a, b)
+    if ragged is None:
+        _check(offs is None, lambda: f"{OP}: offs must be None for 3-D x 3-D operands (a batched GEMM)")
+        _check(a.shape[0] == b.shape[0], lambda: f"{OP}: batch sizes differ: mat_a is {tuple(a.shape)}, "
+                                                 f"mat_b is {tuple(b.shape)}")
+    else:
+        _check(offs is not None, lambda: f"{OP}: offs (the groups' cumulative ends) is needed for "
+                                         f"{a.dim()}-D x {b.dim()}-D operands")
+        _check_tensor(OP, "offs", offs)
+        _check(offs.dim() == 1 and offs.dtype == torch.int32,
+               lambda: f"{OP}: offs must be a 1-D int32 tensor, got {offs.dtype} of shape {tuple(offs.shape)}")
+        _check(offs.device == a.device, lambda: f"{OP}: offs must be on {a.device}, got {offs.device}")
+        experts = {"m": ("mat_b", b), "n": ("mat_a", a)}.get(ragged)
+        if experts is not None:
+            name, t = experts
+            _check(t.shape[0] == offs.shape[0],
+                   lambda: f"{OP}: {name} has {t.shape[0]} groups but offs has {offs.shape[0]} ends")
+    _check(bias is None, lambda: f"{OP}: bias is not supported (as for torch._grouped_mm)")
+    _check(out_dtype is None or out_dtype == a.dtype,
+           lambda: f"{OP}: out_dtype must be None or the inputs' dtype ({a.dtype}), got {out_dtype}")
+
+
+def offs_problems(offs: list[int], extent: int) -> list[str]:
+    """What is wrong with offs's values for a ragged dimension of `extent`, none if nothing."""
+    found = []
+    for i, end in enumerate(offs):
+        if not 0 <= end <= extent:
+            found.append(f"offs[{i}] = {end} is outside [0, {extent}]")
+        elif i and end < offs[i - 1]:
+            found.append(f"offs[{i}] = {end} is below offs[{i - 1}] = {offs[i - 1]}")
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# The launch
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedPlan:
+    ragged: str  # "m", "n" or "k"
+    config: TileConfig
+    queue: WorkQueue
+    grid: int
+    use_tma: bool
+    a_row_major: bool
+    b_row_major: bool
+    int64_index: bool
+    input_precision: str
+    sizes: tuple  # (M, N, K, groups), the ragged one whole
+    strides: tuple  # A's, B's, C's (batch, row, column); 0 batch stride for a 2-D one
+    groups_block: int
+    checked: bool
+
+
+def _layout(t: Tensor) -> Operand:
+    """(batch, rows, columns) with batch stride 0 for a 2-D tensor (the kernel's convention)."""
+    if t.dim() == 2:
+        return Operand((1, *t.shape), (0, *t.stride()), t.element_size(), t.data_ptr() % 16 == 0)
+    return Operand(tuple(t.shape), tuple(t.stride()), t.element_size(), t.data_ptr() % 16 == 0)
+
+
+def plan_grouped(a: Tensor, b: Tensor, c: Tensor, num_groups: int, *, config: TileConfig | None = None,
+                 num_programs: int | None = None, num_shards: int | None = None,
+                 use_tma: bool | None = None) -> GroupedPlan:
+    ragged = ragged_dim(a, b)
+    la, lb, lc = _layout(a), _layout(b), _layout(c)
+    m, k, n = la.shape[1], la.shape[2], lb.shape[2]
+    device = a.device
+    if config is None:
+        # As for G GEMMs of the average group's size: the groups' sizes are on the GPU.
+        groups = max(num_groups, 1)
+        shape = {"m": (m // groups, n, k), "n": (m, n // groups, k), "k": (m, n, k // groups)}[ragged]
+        config = select_config(*(max(s, 1) for s in shape), groups, a.dtype, device,
+                               allow_split_k=False, allow_swap_ab=False)
+    if config.split_k != 1 or config.swap_ab or config.k_chunks != 1:
+        raise ValueError(f"{OP}: a grouped launch takes whole-K, unswapped tiles, got {config}")
+    # Slots: a group's rows (columns) fill whole tile rows (columns) of their own; the tail
+    # past offs[-1] is one more group.
+    rows, cols = -(-m // config.block_m), -(-n // config.block_n)
+    if ragged == "m":
+        rows += num_groups + 1
+    elif ragged == "n":
+        cols += num_groups + 1
+    max_units = rows * cols * (num_groups if ragged == "k" else 1)
+    grid = num_programs or min(budget.program_limit(device), max_units)
+    shards = devices.default_num_shards(device) if num_shards is None else num_shards
+    # Tensor descriptors clip at the operand's edge, not at a group's end: along a ragged M
+    # (N) the rows (columns) read past a group's end are another group's and not stored;
+    # along K each unit describes its group's range, from a base that stays 16-byte aligned
+    # only where K is no operand's unit stride (the weight gradient's x^T and dOut).
+    # A box may start anywhere along a strided dimension but only on 16 bytes along the unit
+    # one, and a group's rows (columns) start anywhere: the ragged dimension must not be the
+    # unit stride either (torch._grouped_mm's own layouts: A row-major, B column-major).
+    describable = k > 0 and _describable(la) and _describable(lb) and {
+        "m": la.stride[2] == 1, "n": lb.stride[1] == 1,
+        "k": la.stride[2] != 1 and lb.stride[2] == 1}[ragged]
+    if use_tma is None:
+        use_tma = devices.has_tma(device) and describable
+    elif use_tma and not describable:
+        raise ValueError(f"{OP}: use_tma=True needs 16-byte aligned operands with a unit stride, "
+                         f"and the ragged dimension not the unit stride of either")
+    return GroupedPlan(
+        ragged=ragged, config=config, queue=WorkQueue(shards, max_units, 1, 1, True), grid=max(grid, 1),
+        use_tma=use_tma, a_row_major=la.stride[2] == 1, b_row_major=lb.stride[2] == 1,
+        int64_index=max(_max_offset(t.shape, t.stride) for t in (la, lb, lc)) >= 2**31 - 1,
+        input_precision="tf32" if a.dtype == torch.float32 and a.is_cuda and tf32_enabled() else "ieee",
+        sizes=(m, n, k, num_groups), strides=(la.stride, lb.stride, lc.stride),
+        groups_block=triton.next_power_of_2(num_groups + 1),
+        checked=launch.is_checked() and not (a.is_cuda and torch.cuda.is_current_stream_capturing()),
+    )
+
+
+def grouped_mm(a: Tensor, b: Tensor, offs: Tensor | None, *, unit_counts: Tensor | None = None,
+               **knobs) -> Tensor:
+    """C = A @ B per group (the module's docstring): inputs already checked. knobs:
+    plan_grouped's config, num_programs, num_shards, use_tma (tests)."""
+    if offs is None:
+        return launch.ws_matmul(a, b)
+    if a.device.type == "cpu" and a.dtype == torch.bfloat16:  # the interpreter's bf16 dot is wrong
+        return grouped_mm(a.float(), b.float(), offs, unit_counts=unit_counts, **knobs).to(a.dtype)
+    shape = out_shape(a, b, offs)
+    num_groups = offs.shape[0]
+    if num_groups == 0 or a.shape[-1] == 0 or 0 in shape:
+        return a.new_zeros(shape)  # no group, or nothing to sum: every element a zero sum
+    c = a.new_empty(shape)
+    plan = plan_grouped(a, b, c, num_groups, **knobs)
+    offs = offs if offs.is_contiguous() else offs.contiguous()
+    if a.device.type == "cpu":
+        with interpreter.LOCK:
+            counters = counter_pool.zeroed(plan.queue.numel, a.device)
+            try:
+                _launch(plan, a, b, c, offs, counters, unit_counts)
+            except BaseException:
+                counters[:plan.queue.numel].zero_()
+                raise
+        return c
+    with torch.cuda.device(a.device):
+        _launch(plan, a, b, c, offs, counter_pool.zeroed(plan.queue.numel, a.device), unit_counts)
+    return c
+
+
+_checked_lock = threading.Lock()
+
+
+def _launch(plan: GroupedPlan, a, b, c, offs, counters, unit_counts) -> None:
+    if not plan.checked:
+        _launch_kernel(plan, a, b, c, offs, counters, unit_counts)
+        return
+    m, n, k, _ = plan.sizes
+    ends = offs.tolist()
+    found = offs_problems(ends, {"m": m, "n": n, "k": k}[plan.ragged])
+    if found:
+        raise RuntimeError(f"{OP}: offs must hold the groups' non-decreasing ends: {'; '.join(found)}")
+    numel = plan.queue.numel
+    with _checked_lock:
+        found = plan.queue.problems(counters[:numel].tolist())
+        if found:
+            counters[:numel].zero_()
+            raise RuntimeError(f"tritonblas_ops: counters found in an impossible state before a "
+                               f"launch (reset now): {'; '.join(found)}")
+        _launch_kernel(plan, a, b, c, offs, counters, unit_counts)
+        found = plan.queue.problems(counters[:numel].tolist(), tally=num_units(plan, ends))
+        counters[:numel].zero_()
+    if found:
+        raise RuntimeError(f"tritonblas_ops: a checked grouped launch of {plan.sizes} (M, N, K, groups) "
+                           f"went wrong: {'; '.join(found)}")
+
+
+def num_units(plan: GroupedPlan, ends: list[int]) -> int:
+    """The work units a launch computes for valid offs `ends`, as the kernel counts them."""
+    m, n, k, groups = plan.sizes
+    bm, bn = plan.config.block_m, plan.config.block_n
+    if plan.ragged == "k":
+        return groups * -(-m // bm) * -(-n // bn)
+    extent, block, other = (m, bm, -(-n // bn)) if plan.ragged == "m" else (n, bn, -(-m // bm))
+    bounds = [0, *ends, extent]
+    slots = sum(-(-(end - begin) // block) for begin, end in zip(bounds, bounds[1:]))
+    return slots * other
+
+
+def _launch_kernel(plan: GroupedPlan, a, b, c, offs, counters, unit_counts) -> None:
+    m, n, k, groups = plan.sizes
+    (sab, sam, sak), (sbb, sbk, sbn), (scb, scm, scn) = plan.strides
+    config = plan.config
+    a_desc = b_desc = None
+    if plan.use_tma and plan.ragged == "k":
+        launch.ensure_scratch_allocator()  # for the programs' descriptors
+    elif plan.use_tma:
+        a_desc = launch._descriptor(a, (a.shape[0] if a.dim() == 3 else 1, m, k), (sab, sam, sak),
+                                    config.block_m, config.block_k)
+        b_desc = launch._descriptor(b, (b.shape[0] if b.dim() == 3 else 1, k, n), (sbb, sbk, sbn),
+                                    config.block_k, config.block_n)
+    kernel = interpreter.interpreted(ws_grouped_kernel) if a.device.type == "cpu" else ws_grouped_kernel
+    kernel[(plan.grid,)](
+        a, b, c, offs, counters, unit_counts, budget.live_budget_word(a.device),
+        a_desc, b_desc, m, n, k, groups,
+        sab, sam, sak, sbb, sbk, sbn, scb, scm, scn,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        NUM_SHARDS=plan.queue.num_shards, COUNTER_STRIDE=COUNTER_STRIDE,
+        CHECKED=plan.checked, INPUT_PRECISION=plan.input_precision, INT64_INDEX=plan.int64_index,
+        USE_TMA=plan.use_tma, A_ROW_MAJOR=plan.a_row_major, B_ROW_MAJOR=plan.b_row_major,
+        RAGGED=plan.ragged, GROUPS_BLOCK=plan.groups_block,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The op: kernel, fake kernel, autograd
+# ---------------------------------------------------------------------------------------
+
+
+def _define(fn):
+    with adopt_cpp_definitions():
+        op = torch.library.custom_op(f"{NAMESPACE}::{OP}", mutates_args=(), tags=(torch.Tag.pt2_compliant_tag,))(fn)
+    if defined_schema(OP) != SCHEMAS[OP]:
+        raise RuntimeError(f"{NAMESPACE}::{OP}: the annotations give '{defined_schema(OP)}', "
+                           f"schemas.SCHEMAS says '{SCHEMAS[OP]}': change both (and the C++ stubs)")
+    return op
+
+
+@_define
+def ws_grouped_mm(mat_a: Tensor, mat_b: Tensor, offs: Tensor | None = None, bias: Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> Tensor:
+    """torch._grouped_mm with every group's tiles in one work-stealing queue (module docstring)."""
+    check_inputs(mat_a, mat_b, offs, bias, out_dtype)
+    return grouped_mm(mat_a, mat_b, offs)
+
+
+@ws_grouped_mm.register_fake
+def _ws_grouped_mm_fake(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    check_inputs(mat_a, mat_b, offs, bias, out_dtype)
+    return mat_a.new_empty(out_shape(mat_a, mat_b, offs))
+
+
+def _setup(ctx, inputs, output):
+    mat_a, mat_b, offs = inputs[:3]
+    ctx.save_for_backward(mat_a, mat_b, offs)
+
+
+def _backward(ctx, grad):
+    """C = A @ B per group is bilinear, and the gradients are grouped GEMMs with the same
+    offs whatever the layout: dA = dC @ B^T and dB = A^T @ dC, each along the dimension
+    that offs splits there (ragged M's dA is ragged M, its dB ragged K; and so on)."""
+    mat_a, mat_b, offs = ctx.saved_tensors
+    needs_a, needs_b = ctx.needs_input_grad[:2]
+    grad_a = ws_grouped_mm(grad, mat_b.mT, offs) if needs_a else None
+    grad_b = ws_grouped_mm(mat_a.mT, grad, offs) if needs_b else None
+    return grad_a, grad_b, None, None, None
+
+
+ws_grouped_mm.register_autograd(_backward, setup_context=_setup)
