@@ -242,6 +242,19 @@ def test_compiled_grouped_gemms_route_forward_and_backward():
         assert_matches(got.grad.float(), want.grad.float(), 2e-2)
 
 
+def test_routing_off_leaves_grouped_gemms_to_inductor():
+    tritonblas_ops.route_cpu(True)
+    try:
+        x, w_up, w_down = torch.randn(24, 32).bfloat16(), torch.randn(3, 16, 32).bfloat16(), torch.randn(3, 32, 16).bfloat16()
+        torch._dynamo.reset()
+        with tritonblas_ops.routing(False), torch._inductor.config.patch(force_disable_caches=True):
+            _, code = run_and_get_code(torch.compile(moe_forward), x, w_up, w_down, offsets([5, 9, 6]))
+    finally:
+        tritonblas_ops.route_cpu(False)
+        torch._dynamo.reset()
+    assert "ws_grouped_mm" not in "\n".join(code) and "_grouped_mm" in "\n".join(code)
+
+
 # ---------------------------------------------------------------------------------------
 # On the GPU
 # ---------------------------------------------------------------------------------------
