@@ -597,6 +597,8 @@ def ws_grouped_kernel(
         k_end = K
         a_batch = batch  # a 2-D operand's batch stride is 0 (batch is 0 but along K)
         b_batch = batch
+        unit_a_desc = a_desc
+        unit_b_desc = b_desc
         if RAGGED == "k":
             k_begin = _pick(begins, batch, GROUPS_BLOCK)
             k_end = _pick(ends, batch, GROUPS_BLOCK)
@@ -606,10 +608,10 @@ def ws_grouped_kernel(
                 # The host takes this path only where K is no operand's unit stride, so the
                 # shifted bases stay 16-byte aligned.
                 k_len = tl.maximum(k_end - k_begin, 1)
-                a_desc = _program_descriptor(a_ptr + k_begin * stride_ak, 1, M, k_len, 0, stride_am, stride_ak,
-                                             BLOCK_M, BLOCK_K, A_ROW_MAJOR)
-                b_desc = _program_descriptor(b_ptr + k_begin * stride_bk, 1, k_len, N, 0, stride_bk, stride_bn,
-                                             BLOCK_K, BLOCK_N, B_ROW_MAJOR)
+                unit_a_desc = _program_descriptor(a_ptr + k_begin * stride_ak, 1, M, k_len, 0, stride_am,
+                                                  stride_ak, BLOCK_M, BLOCK_K, A_ROW_MAJOR)
+                unit_b_desc = _program_descriptor(b_ptr + k_begin * stride_bk, 1, k_len, N, 0, stride_bk,
+                                                  stride_bn, BLOCK_K, BLOCK_N, B_ROW_MAJOR)
                 k_end -= k_begin
                 k_begin = 0
                 a_batch = batch * 0
@@ -633,7 +635,7 @@ def ws_grouped_kernel(
                 n_end = end
                 a_batch = expert
         acc = _tile_product(
-            a_ptr, b_ptr, a_desc, b_desc, a_batch, b_batch, m0, n0, k_begin, k_end, m_end, n_end,
+            a_ptr, b_ptr, unit_a_desc, unit_b_desc, a_batch, b_batch, m0, n0, k_begin, k_end, m_end, n_end,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, 1, INPUT_PRECISION, INT64_INDEX,
             USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,

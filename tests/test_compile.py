@@ -1,0 +1,71 @@
+"""The kernels compile for Hopper (sm_90) without a GPU: Triton's front end and the ptxas
+its wheel bundles, on the CPU. The interpreter runs Python, so it misses what only the
+compiler checks (a loop-carried variable changing type, a constexpr where a tensor must
+be); this catches it in CI, before device time is spent on it."""
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tritonblas_ops.kernel import ws_grouped_kernel, ws_matmul_kernel
+
+HOPPER = GPUTarget("cuda", 90, 32)
+POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16", "offs_ptr": "*i32",
+            "counters_ptr": "*i32", "partials_ptr": "*fp32", "budget_ptr": "*i32"}
+FLOATS = {"alpha": "fp32", "beta": "fp32"}
+
+
+def compile_for_hopper(kernel, constants: dict, descriptors: dict):
+    """Compile `kernel` with ints for every runtime argument not named here, the pointers
+    above (a None in `constants` makes one a constexpr None), tensor descriptors of the
+    given types, and `constants`."""
+    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
+    signature.update(descriptors)
+    for name in constants:
+        signature[name] = "constexpr"
+    values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+    return triton.compile(ASTSource(kernel, signature, values), target=HOPPER,
+                          options=dict(num_warps=8, num_stages=3))
+
+
+def descriptor(rows: int, cols: int) -> str:
+    return f"tensordesc<bf16[1, {rows}, {cols}]>"
+
+
+TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_SHARDS=1, COUNTER_STRIDE=32, CHECKED=True,
+            INPUT_PRECISION="ieee")
+
+
+@pytest.mark.parametrize("int64_index,live_budget", [(False, True), (True, False)])
+@pytest.mark.parametrize("use_tma", [False, True])
+@pytest.mark.parametrize("ragged", ["m", "n", "k"])
+def test_grouped_kernel_compiles(ragged, use_tma, int64_index, live_budget):
+    host_descriptors = use_tma and ragged != "k"  # along K the programs make their own
+    constants = dict(TILE, INT64_INDEX=int64_index, USE_TMA=use_tma, A_ROW_MAJOR=ragged != "k",
+                     B_ROW_MAJOR=ragged != "n", RAGGED=ragged, GROUPS_BLOCK=128, unit_counts_ptr=None)
+    if not live_budget:
+        constants["budget_ptr"] = None
+    descriptors = {}
+    if host_descriptors:
+        descriptors = {"a_desc": descriptor(128, 64),
+                       "b_desc": descriptor(64, 256) if ragged == "m" else descriptor(256, 64)}
+    else:
+        constants.update(a_desc=None, b_desc=None)
+    assert compile_for_hopper(ws_grouped_kernel, constants, descriptors).asm["ptx"]
+
+
+@pytest.mark.parametrize("use_tma,split_k,work_stealing", [(True, 1, True), (False, 1, True), (True, 4, True),
+                                                         (False, 2, False)])
+def test_gemm_kernel_compiles(use_tma, split_k, work_stealing):
+    constants = dict(TILE, SPLIT_K=split_k, K_CHUNKS=1, SUM_ROWS=32, WORK_STEALING=work_stealing,
+                     INT64_INDEX=False, USE_TMA=use_tma, A_ROW_MAJOR=True, B_ROW_MAJOR=True, TMA_STORE=use_tma,
+                     ACTIVATION="silu", unit_counts_ptr=None)
+    if split_k == 1:
+        constants["partials_ptr"] = None
+    descriptors = {}
+    if use_tma:
+        descriptors = {"a_desc": descriptor(128, 64), "b_desc": descriptor(64, 256), "c_desc": descriptor(128, 256)}
+    else:
+        constants.update(a_desc=None, b_desc=None, c_desc=None)
+    assert compile_for_hopper(ws_matmul_kernel, constants, descriptors).asm["ptx"]
