@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [models_small] [models_8b] [handoff] [overlap] [dtypes] [ab]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [models_small] [models_8b] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_moe]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
 # (AOTInductor compiles), bench ~1.5 min (51 shapes; 36 took ~1 min), contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
@@ -9,6 +9,9 @@
 # so roughly 12 and 3 minutes; their stage times are not measured yet. `ab` (not in the default list) compares this tree
 # with another checkout in .baseline/ (git archive <commit> tritonblas_ops benchmarks | tar -x -C .baseline):
 # host time and output bits (benchmarks/ab.py), then the baseline's corpus (run `bench` beside it), ~3 min.
+# grouped (benchmarks/grouped.py: MoE grouped GEMMs, ws against torch._grouped_mm and a torch.mm loop, alone and
+# with 16 and 33 SMs held) is planned to take ~4 min, not yet timed; grouped_moe (not in the default list: a compiled
+# MoE layer's training step, default vs routed) is not timed either.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +22,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
-stages=${*:-tests integration deploy bench contention overhead handoff overlap dtypes}
+stages=${*:-tests integration deploy bench contention overhead handoff overlap dtypes grouped}
 has() { [[ " $stages " == *" $1 "* ]]; }
 
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -61,6 +64,9 @@ for group in small 8b; do
 done
 has handoff && python3 -m benchmarks.handoff --out "$OUT/h200_handoff.csv" 2>&1 | tee "$OUT/handoff.log" | tail -52
 has overlap && python3 -m benchmarks.overlap --hog-sms 16,33 --out "$OUT/h200_overlap.csv" 2>&1 | tee "$OUT/overlap.log" | tail -20
+has grouped && python3 -m benchmarks.grouped --held 0,16,33 --out "$OUT/h200_grouped.csv" 2>&1 | tee "$OUT/grouped.log" | tail -130
+has grouped_moe && python3 -m benchmarks.grouped --moe-layer --held 0,16,33 --out "$OUT/h200_grouped_moe.csv" 2>&1 \
+  | grep -v "^W[0-9]" | tee "$OUT/grouped_moe.log" | tail -16
 if has ab; then
   python3 -m benchmarks.ab --baseline .baseline --fast-paths-off --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log" | tail -8
   (cd .baseline && PYTHONPATH=$PWD python3 -m benchmarks.bench --out "$OUT/baseline_bf16.csv" 2>&1 \

@@ -56,7 +56,7 @@ VARIANTS = ("default", "max_autotune", "routed", "routed_inline", "routed_fused"
 STEPS = ("forward", "train")
 SAFETY = 2.0  # hog duration over the expected window, in its slowest (held) case
 ATTEMPTS = 4
-WS_KERNEL = "ws_matmul_kernel"
+WS_KERNELS = ("ws_matmul_kernel", "ws_grouped_kernel")  # the kernels of the GEMM and the grouped GEMM
 
 
 # ---------------------------------------------------------------------------------------
@@ -277,6 +277,16 @@ def measure_case(name: str, shape: Shape, step: str, graphs: bool, args, env) ->
     model = build(name, shape, dtype, device)
     x = torch.randn(shape.batch, shape.seq, shape.hidden, device=device, dtype=dtype)
     grad = torch.randn_like(x)
+    return measure_model(name, model, x, grad, step, graphs, args, env)
+
+
+def measure_model(name: str, model: torch.nn.Module, x, grad, step: str, graphs: bool, args,
+                  env) -> list[ModelRow]:
+    """Rows of `model` on input x (grad: the output's gradient, for a training step) for every
+    variant of args.variants and every held count of args.held (also args.trials and
+    args.steps_per_trial): each variant compiled once. benchmarks/grouped.py's MoE layer
+    comes in here too."""
+    device = x.device
     steps, outputs = {}, {}
     for variant in args.variants:
         compiled = torch.compile(model, backend=backend(variant, graphs))
@@ -290,7 +300,8 @@ def measure_case(name: str, shape: Shape, step: str, graphs: bool, args, env) ->
         names = kernel_names(steps[variant]) if device.type == "cuda" else None
         # The run's metadata keeps the names: what a variant launches besides the GEMMs.
         env.setdefault("kernels", {})[f"{name}/{step}/graphs {'on' if graphs else 'off'}/{variant}"] = names
-        counts[variant] = ((sum(names.values()), sum(n for k, n in names.items() if WS_KERNEL in k))
+        ws_names = [k for k in names or () if any(kernel in k for kernel in WS_KERNELS)]
+        counts[variant] = ((sum(names.values()), sum(names[k] for k in ws_names))
                            if names is not None else (None, None))
     reference = outputs.get("default")
 
@@ -349,6 +360,15 @@ def _rows(times, counts, outputs, reference, name, step, graphs, held, args, env
 # ---------------------------------------------------------------------------------------
 
 
+def keep_every_variant_compiled() -> None:
+    """One compiled entry per variant of a case, all kept (measure_case() resets between
+    cases); past the recompile limit torch.compile would run a variant eagerly, and this
+    would time that: fail instead."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
 def _csv_list(kind, choices=None):
     def parse(text: str) -> list:
         values = [kind(v) for v in text.split(",") if v]
@@ -376,11 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         args.models = [m for m in args.models if m in SMOKE_MODELS]
         args.graphs, args.held = ["off"], [0]
         tritonblas_ops.route_cpu(True)
-    # One compiled entry per variant of a case, all kept (measure_case() resets between cases).
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    # Past the limit torch.compile would run a variant eagerly and this would time that.
-    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
+    keep_every_variant_compiled()
 
     device = torch.device("cpu") if args.smoke else torch.device("cuda", torch.cuda.current_device())
     env = results.environment(device, vars(args))

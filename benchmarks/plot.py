@@ -5,6 +5,8 @@
 For each CSV, the latest run of each mode (or the run given by --timestamp) becomes
 <csv stem>_gemm.png (TFLOP/s and ratio to torch.mm per shape) and
 <csv stem>_contention.png (TFLOP/s against SMs held), next to the CSV or in --out-dir.
+A CSV of benchmarks/grouped.py's rows becomes <csv stem>_speedup.png instead: ws's speedup
+over torch._grouped_mm per case and GEMM, alone and with each count of SMs held.
 """
 
 import argparse
@@ -27,16 +29,21 @@ def main(argv: list[str] | None = None) -> None:
             rows = list(csv.DictReader(f))
         out_dir = args.out_dir or path.parent
         out_dir.mkdir(parents=True, exist_ok=True)
-        for mode, draw in (("gemm", _gemm_figure), ("contention", _contention_figure)):
-            run = _run(rows, mode, args.timestamp)
+        if rows and GROUPED_RATIO in rows[0]:  # benchmarks/grouped.py's rows: both modes in one figure
+            figures = [("speedup", _grouped_figure, _run(rows, None, args.timestamp))]
+        else:
+            figures = [(mode, draw, _run(rows, mode, args.timestamp))
+                       for mode, draw in (("gemm", _gemm_figure), ("contention", _contention_figure))]
+        for name, draw, run in figures:
             if run:
-                out = out_dir / f"{path.stem}_{mode}.png"
+                out = out_dir / f"{path.stem}_{name}.png"
                 draw(run).savefig(out, dpi=120, bbox_inches="tight")
                 print(f"wrote {out}")
 
 
 def _run(rows, mode, timestamp):
-    rows = [r for r in rows if r["mode"] == mode]
+    """The rows of one run (the latest, or `timestamp`'s), of one mode (None: every mode)."""
+    rows = [r for r in rows if mode is None or r["mode"] == mode]
     if not rows:
         return []
     chosen = timestamp or max(r["timestamp"] for r in rows)
@@ -92,6 +99,36 @@ def _contention_figure(run):
         ax.legend()
     fig.suptitle(_title(run, "Under contention"))
     return fig
+
+
+GROUPED_RATIO = "vs_torch_grouped_mm"  # the column that marks a CSV of grouped.py's rows
+FLOOR, HELD_TARGET = 0.85, 1.2  # the grouped GEMM issue's floor and with-SMs-held geomean target
+
+
+def _grouped_figure(run):
+    """ws / torch_grouped_mm per case and GEMM kind: a bar per setting (alone, H SMs held)."""
+    ws = [r for r in run if r["provider"] == "ws" and r[GROUPED_RATIO]]
+    gemms = list(dict.fromkeys(f"{r['case']} {r['kind']}" for r in ws))
+    settings = list(dict.fromkeys(_grouped_setting(r) for r in ws))
+    ratio = {(f"{r['case']} {r['kind']}", _grouped_setting(r)): float(r[GROUPED_RATIO]) for r in ws}
+    fig = Figure(figsize=(max(10, 0.25 * len(gemms) * len(settings)), 6), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(settings)
+    for i, setting in enumerate(settings):
+        xs = [j + (i - (len(settings) - 1) / 2) * width for j in range(len(gemms))]
+        ax.bar(xs, [ratio.get((g, setting), float("nan")) for g in gemms], width, label=setting)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(FLOOR, color="C3", linestyle="--", linewidth=0.8, label=f"floor {FLOOR:g}")
+    ax.axhline(HELD_TARGET, color="C2", linestyle=":", linewidth=0.8, label=f"held geomean target {HELD_TARGET:g}")
+    ax.set_ylabel("ws speedup over torch._grouped_mm (its time / ws's)")
+    ax.set_xticks(range(len(gemms)), gemms, rotation=60, ha="right")
+    ax.legend(ncol=len(settings) + 2, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize="small")
+    fig.suptitle(_title(run, "Grouped GEMM"))
+    return fig
+
+
+def _grouped_setting(row):
+    return "alone, cold L2" if row["mode"] == "gemm" else f"{row['held_sms']} SMs held"
 
 
 if __name__ == "__main__":

@@ -151,3 +151,76 @@ def test_a_stalled_handoff_trial_is_reported_not_waited_for(monkeypatch):
     Event.polls = None
     with pytest.raises(TimeoutError, match="8x8x8, ws_live, H = 8"):
         handoff._finish(["main", "late"], "8x8x8, ws_live, H = 8")
+
+
+def test_grouped_smoke_run_gates_and_times_every_provider(tmp_path):
+    """benchmarks/grouped.py's plumbing: every smoke case, both GEMMs (the MoE forward, 2-D x
+    3-D, and its weight gradient, 2-D x 2-D) and every provider has a row that passed the
+    float64 gate; the group sizes, seeded, land in the run's metadata."""
+    from benchmarks import grouped
+
+    out = tmp_path / "grouped.csv"
+    grouped.main(["--smoke", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert sorted((r["case"], r["kind"], r["provider"]) for r in rows) == sorted(
+        (case.name, kind, provider) for case in grouped.SMOKE_CASES for kind in grouped.KINDS
+        for provider in grouped.PROVIDERS)
+    assert all(r["mode"] == "gemm" and r["dtype"] == "float32" for r in rows)
+    assert all(float(r["rel_err"]) <= measure.TOLERANCE[torch.float32] for r in rows)
+    assert all(float(r["p50_ms"]) > 0 and float(r["vs_torch_grouped_mm"]) > 0 for r in rows)
+    assert any(int(r["empty_groups"]) > 0 for r in rows)  # the skewed case has an empty group
+    sizes = json.loads(out.with_suffix(".json").read_text())[-1]["group_sizes"]
+    assert sizes == {case.name: grouped.group_sizes(case) for case in grouped.SMOKE_CASES}
+    for case in grouped.SMOKE_CASES:
+        assert sum(sizes[case.name]) == case.tokens * case.shape.top_k
+
+
+def test_grouped_gate_fails_a_wrong_group_and_a_written_empty_group():
+    """The gate compares rows of every group, and wants an empty group's weight gradient
+    exactly zero."""
+    from benchmarks import grouped
+
+    case = grouped.parse_cases("tiny_t40_skewed")[0]
+    sizes = grouped.group_sizes(case)
+    assert 0 in sizes
+    for kind in grouped.KINDS:
+        p = grouped.problem(case, kind, sizes, torch.float32, torch.device("cpu"))
+        rows = grouped.check_rows(p)
+        ref = grouped.reference(p, rows)
+        right = grouped.mm_loop(p)
+        assert grouped.verified_error(right, p, rows, ref, "loop") < 1e-5
+        last = max(g for g, (begin, end) in enumerate(p.bounds) if end > begin)
+
+        def wrong_last_group():
+            out = right()
+            if kind == grouped.FORWARD:
+                begin, end = p.bounds[last]
+                out[begin:end] *= 2
+            else:
+                out[last] *= 2
+            return out
+
+        with pytest.raises(AssertionError, match="relative error"):
+            grouped.verified_error(wrong_last_group, p, rows, ref, "wrong")
+    empty = sizes.index(0)
+
+    def written_empty_group():  # too little for the relative error to notice
+        out = right()
+        out[empty, 0, 0] = 1e-3
+        return out
+
+    with pytest.raises(AssertionError, match=f"group {empty} has no rows"):
+        grouped.verified_error(written_empty_group, p, rows, ref, "wgrad")
+
+
+def test_grouped_moe_layer_smoke_run_times_default_and_routed(tmp_path):
+    """--moe-layer: a compiled MoE layer's training step, default Inductor and routed, in
+    benchmarks/models.py's rows."""
+    from benchmarks import grouped
+
+    out = tmp_path / "moe.csv"
+    grouped.main(["--smoke", "--moe-layer", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert {(r["model"], r["step"], r["variant"]) for r in rows} == {
+        ("moe_tiny_t16", "train", variant) for variant in ("default", "routed")}
+    assert all(float(r["p50_ms"]) > 0 and float(r["rel_err"]) < 1e-2 for r in rows)
