@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import tritonblas_ops
-from tritonblas_ops import budget, interpreter, launch
+from tritonblas_ops import budget, grouped, interpreter, launch
 from tritonblas_ops import device as devices
 from tritonblas_ops import kernel as kernel_module
 from tritonblas_ops.config import TileConfig
-from tritonblas_ops.kernel import ws_matmul_kernel
+from tritonblas_ops.kernel import ws_grouped_kernel, ws_matmul_kernel
 from tritonblas_ops.plan import Schedule
 from tritonblas_ops.testing import REL_TOLERANCE, assert_every_unit_computed_once, assert_matches, matmul_ref
 
@@ -124,8 +124,8 @@ class _ScriptedDepartures:
 
 
 @contextlib.contextmanager
-def scripted_departures(script: dict):
-    helpers = interpreter.interpreted(ws_matmul_kernel)._helpers
+def scripted_departures(script: dict, kernel=ws_matmul_kernel):
+    helpers = interpreter.interpreted(kernel)._helpers
     key = id(kernel_module._leaving)
     before = helpers.get(key)
     helpers[key] = departures = _ScriptedDepartures(script)
@@ -162,6 +162,28 @@ def test_live_budget_programs_leave_and_the_others_finish(script, split_k):
                                         schedule=Schedule.WORK_STEALING, tolerance=1e-5)
         budgeted = tritonblas_ops.ws_matmul(a[0], b[0], config=config, num_shards=2, num_programs=4)
     assert departures.asked[3] > 0  # the script ran
+    assert torch.equal(budgeted, free)
+
+
+@pytest.mark.parametrize("ragged", ["m", "k"])
+@pytest.mark.parametrize("script", list(DEPARTURE_SCRIPTS)[:3])
+def test_live_budget_grouped_programs_leave_and_the_others_finish(script, ragged):
+    """The grouped launch (every expert's tiles in one queue) under departures: every unit
+    once, counters zero after (a checked launch), the bits of a launch without a budget."""
+    sizes = [9, 0, 30, 4, 21]
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+    a, b = ((torch.randn(70, 24), torch.randn(5, 24, 40)) if ragged == "m"
+            else (torch.randn(40, 70), torch.randn(70, 24)))
+    config = TileConfig(16, 16, 16, num_warps=4, num_stages=1)
+    knobs = dict(config=config, num_shards=2, num_programs=4)
+    free = grouped.grouped_mm(a, b, offs, **knobs)
+    plan = grouped.plan_grouped(a, b, free, len(sizes), **knobs)
+    counts = torch.zeros(plan.queue.num_tiles, dtype=torch.int32)
+    with scripted_departures(DEPARTURE_SCRIPTS[script], ws_grouped_kernel) as departures:
+        budgeted = grouped.grouped_mm(a, b, offs, unit_counts=counts, **knobs)
+    units = grouped.num_units(plan, offs.tolist())
+    assert departures.asked[3] > 0
+    assert (counts[:units] == 1).all() and (counts[units:] == 0).all(), counts.tolist()
     assert torch.equal(budgeted, free)
 
 
