@@ -110,6 +110,18 @@ def test_every_unit_once_whatever_the_grid_and_bitwise_equal(ragged, num_program
     assert torch.equal(out, alone)
 
 
+def test_repeated_calls_reuse_the_plan_until_what_it_depends_on_changes():
+    a, b, offs = operands("m", [10, 0, 30], 0, 24, 32, torch.float32)
+    grouped._plans.clear()
+    first = torch.ops.tritonblas.ws_grouped_mm(a, b, offs)
+    (plan,) = grouped._plans.values()
+    assert torch.equal(torch.ops.tritonblas.ws_grouped_mm(a, b, offs + 0), first)  # other offs: the same plan
+    assert list(grouped._plans.values()) == [plan]
+    with tritonblas_ops.sm_budget(1):
+        assert torch.equal(torch.ops.tritonblas.ws_grouped_mm(a, b, offs), first)
+    assert len(grouped._plans) == 2 and {p.grid for p in grouped._plans.values()} == {plan.grid, 1}
+
+
 def test_batched_operands_are_a_bmm():
     a, b = torch.randn(3, 20, 24), torch.randn(3, 24, 18)
     assert_matches(torch.ops.tritonblas.ws_grouped_mm(a, b), reference(a, b, None), 1e-5)
