@@ -608,9 +608,10 @@ def ws_grouped_kernel(
                 # The host takes this path only where K is no operand's unit stride, so the
                 # shifted bases stay 16-byte aligned.
                 k_len = tl.maximum(k_end - k_begin, 1)
-                unit_a_desc = _program_descriptor(a_ptr + k_begin * stride_ak, 1, M, k_len, 0, stride_am,
+                k_shift = k_begin.to(tl.int64)  # x^T of 65536 x 8 tokens by 7168 passes 2**31
+                unit_a_desc = _program_descriptor(a_ptr + k_shift * stride_ak, 1, M, k_len, 0, stride_am,
                                                   stride_ak, BLOCK_M, BLOCK_K, A_ROW_MAJOR)
-                unit_b_desc = _program_descriptor(b_ptr + k_begin * stride_bk, 1, k_len, N, 0, stride_bk,
+                unit_b_desc = _program_descriptor(b_ptr + k_shift * stride_bk, 1, k_len, N, 0, stride_bk,
                                                   stride_bn, BLOCK_K, BLOCK_N, B_ROW_MAJOR)
                 k_end -= k_begin
                 k_begin = 0
