@@ -1,6 +1,7 @@
 // torch.ops.tritonblas.* for processes without Python: the schemas, the input checks, the
 // output shapes (meta tensors, symbolic sizes included) and a plain aten fallback (at::mm /
-// addmm / bmm, and the activation after them for ws_mm_act, on any device; at::_grouped_mm for
+// addmm / bmm, the activation after them for ws_mm_act, the gate's before the product for
+// ws_mm_gated, on any device; at::_grouped_mm for
 // ws_grouped_mm, whose rows past offs[-1] aten leaves unwritten where the Triton kernel writes zeros), so that a C++ process can load and run a model (an
 // AOTInductor package, an exported program) that calls these ops. No autograd formula: a
 // backward through the fallback goes through aten's, with torch's "no autograd kernel"
@@ -26,6 +27,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/silu.h>
 #include <torch/library.h>
@@ -43,6 +45,8 @@ constexpr const char* kWsAddmm =
 constexpr const char* kWsBmm = "tritonblas::ws_bmm(Tensor a, Tensor b) -> Tensor";
 constexpr const char* kWsMmAct =
     "tritonblas::ws_mm_act(Tensor a, Tensor b, Tensor? bias, *, str activation) -> Tensor";
+constexpr const char* kWsMmGated =
+    "tritonblas::ws_mm_gated(Tensor a, Tensor b, Tensor gate, *, str activation) -> Tensor";
 constexpr const char* kWsGroupedMm =
     "tritonblas::ws_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor? offs=None, Tensor? bias=None, "
     "ScalarType? out_dtype=None) -> Tensor";
@@ -119,12 +123,12 @@ void check_operands(const char* op, const at::Tensor& a, const at::Tensor& b, in
 }
 
 void check_bias(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
-                const char* op = "ws_addmm") {
-  check_tensor(op, "bias", bias);
+                const char* op = "ws_addmm", const char* name = "bias") {
+  check_tensor(op, name, bias);
   TORCH_CHECK(bias.scalar_type() == a.scalar_type(),
-              op, ": bias must have the dtype of a and b (", dtype_name(a.scalar_type()),
+              op, ": ", name, " must have the dtype of a and b (", dtype_name(a.scalar_type()),
               "), got ", dtype_name(bias.scalar_type()));
-  TORCH_CHECK(bias.device() == a.device(), op, ": bias must be on ", a.device(), ", got ",
+  TORCH_CHECK(bias.device() == a.device(), op, ": ", name, " must be on ", a.device(), ", got ",
               bias.device());
   const c10::SymInt out[2] = {a.sym_size(0), b.sym_size(1)};
   bool broadcasts = bias.dim() <= 2;
@@ -132,7 +136,7 @@ void check_bias(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b
     const c10::SymInt& size = bias.sym_size(bias.dim() - 1 - i);
     broadcasts = size == 1 || size == out[1 - i];
   }
-  TORCH_CHECK(broadcasts, op, ": bias of shape ", shape(bias), " does not broadcast to (",
+  TORCH_CHECK(broadcasts, op, ": ", name, " of shape ", shape(bias), " does not broadcast to (",
               out[0], ", ", out[1], ")");
 }
 
@@ -170,30 +174,48 @@ at::Tensor ws_bmm(const at::Tensor& a, const at::Tensor& b) {
   return at::bmm(a, b);
 }
 
+void check_activation(const char* op, c10::string_view activation) {
+  const bool known = activation == "none" || activation == "relu" || activation == "gelu" ||
+                     activation == "gelu_tanh" || activation == "silu";
+  TORCH_CHECK(known, op, ": activation must be one of ('none', 'relu', 'gelu', ",
+              "'gelu_tanh', 'silu'), got '", activation, "'");
+}
+
+at::Tensor activated(const at::Tensor& x, c10::string_view activation) {
+  if (activation == "relu") {
+    return at::relu(x);
+  }
+  if (activation == "gelu" || activation == "gelu_tanh") {
+    return at::gelu(x, activation == "gelu" ? "none" : "tanh");
+  }
+  if (activation == "silu") {
+    return at::silu(x);
+  }
+  return x;
+}
+
 at::Tensor ws_mm_act(const at::Tensor& a, const at::Tensor& b,
                      const std::optional<at::Tensor>& bias, c10::string_view activation) {
   check_operands("ws_mm_act", a, b, 2);
   if (bias.has_value()) {
     check_bias(*bias, a, b, "ws_mm_act");
   }
-  const bool known = activation == "none" || activation == "relu" || activation == "gelu" ||
-                     activation == "gelu_tanh" || activation == "silu";
-  TORCH_CHECK(known, "ws_mm_act: activation must be one of ('none', 'relu', 'gelu', ",
-              "'gelu_tanh', 'silu'), got '", activation, "'");
+  check_activation("ws_mm_act", activation);
   if (a.is_meta()) {
     return at::empty_symint({a.sym_size(0), b.sym_size(1)}, a.options());
   }
-  at::Tensor product = bias.has_value() ? at::addmm(*bias, a, b) : at::mm(a, b);
-  if (activation == "relu") {
-    return at::relu(product);
+  return activated(bias.has_value() ? at::addmm(*bias, a, b) : at::mm(a, b), activation);
+}
+
+at::Tensor ws_mm_gated(const at::Tensor& a, const at::Tensor& b, const at::Tensor& gate,
+                       c10::string_view activation) {
+  check_operands("ws_mm_gated", a, b, 2);
+  check_bias(gate, a, b, "ws_mm_gated", "gate");
+  check_activation("ws_mm_gated", activation);
+  if (a.is_meta()) {
+    return at::empty_symint({a.sym_size(0), b.sym_size(1)}, a.options());
   }
-  if (activation == "gelu" || activation == "gelu_tanh") {
-    return at::gelu(product, activation == "gelu" ? "none" : "tanh");
-  }
-  if (activation == "silu") {
-    return at::silu(product);
-  }
-  return product;
+  return at::mul(activated(gate, activation), at::mm(a, b));
 }
 
 at::Tensor ws_grouped_mm(const at::Tensor& a, const at::Tensor& b,
@@ -269,5 +291,6 @@ TORCH_LIBRARY_FRAGMENT(tritonblas, m) {
   define(m, kWsAddmm, TORCH_FN(ws_addmm));
   define(m, kWsBmm, TORCH_FN(ws_bmm));
   define(m, kWsMmAct, TORCH_FN(ws_mm_act));
+  define(m, kWsMmGated, TORCH_FN(ws_mm_gated));
   define(m, kWsGroupedMm, TORCH_FN(ws_grouped_mm));
 }

@@ -60,7 +60,7 @@ def test_grouped_kernel_compiles(ragged, use_tma, int64_index, live_budget):
 def test_gemm_kernel_compiles(use_tma, split_k, work_stealing):
     constants = dict(TILE, SPLIT_K=split_k, K_CHUNKS=1, SUM_ROWS=32, WORK_STEALING=work_stealing,
                      INT64_INDEX=False, USE_TMA=use_tma, A_ROW_MAJOR=True, B_ROW_MAJOR=True, TMA_STORE=use_tma,
-                     ACTIVATION="silu", unit_counts_ptr=None)
+                     ACTIVATION="silu", GATE=split_k == 1, unit_counts_ptr=None)
     if split_k == 1:
         constants["partials_ptr"] = None
     descriptors = {}

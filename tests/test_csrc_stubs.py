@@ -30,7 +30,7 @@ def test_python_ops_have_the_schemas_of_schemas_py():
 
 def test_cpp_library_registers_the_schemas_of_schemas_py(stubs):
     result, _ = stubs_only(stubs, """
-        for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act", "ws_grouped_mm"):
+        for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act", "ws_mm_gated", "ws_grouped_mm"):
             op = getattr(torch.ops.tritonblas, name).default
             dump = torch._C._dispatch_dump(f"tritonblas::{name}")
             kernels = [line.split(":")[0] for line in dump.splitlines() if "tritonblas_stubs.cpp" in line]
@@ -78,6 +78,8 @@ def test_fallback_kernels_are_aten(stubs):
             "mm_act_gelu_tanh": (ops.ws_mm_act(a, b, bias, activation="gelu_tanh"),
                                  torch.nn.functional.gelu(torch.addmm(bias, a, b), approximate="tanh")),
             "mm_act_silu": (ops.ws_mm_act(a, b, None, activation="silu"), torch.nn.functional.silu(a @ b)),
+            "mm_gated_silu": (ops.ws_mm_gated(a, b, bias, activation="silu"),
+                              torch.nn.functional.silu(bias) * (a @ b)),
         }
         result["equal"] = {k: torch.equal(ours, ref) for k, (ours, ref) in cases.items()}
         meta = lambda *shape: torch.empty(shape, device="meta")
@@ -86,6 +88,8 @@ def test_fallback_kernels_are_aten(stubs):
             list(ops.ws_addmm(meta(6), meta(4, 5), meta(5, 6)).shape),
             list(ops.ws_bmm(meta(2, 4, 5), meta(2, 5, 6)).shape),
             list(ops.ws_mm_act(meta(4, 5), meta(5, 6), None, activation="relu").shape),
+            list(ops.ws_mm_gated(meta(4, 5), meta(5, 6), meta(6), activation="silu").shape),
+            list(ops.ws_grouped_mm(meta(9, 5), meta(3, 5, 6), torch.empty(3, dtype=torch.int32, device="meta")).shape),
         ]
         try:
             ops.ws_mm_act(a, b, None, activation="tanh")
@@ -110,7 +114,7 @@ def test_fallback_kernels_are_aten(stubs):
             str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function" and "tritonblas" in str(n.target))
     """)
     assert result["equal"] == {k: True for k in result["equal"]}
-    assert result["meta_shapes"] == [[4, 6], [4, 6], [2, 4, 6], [4, 6]]
+    assert result["meta_shapes"] == [[4, 6], [4, 6], [2, 4, 6], [4, 6], [4, 6], [9, 6]]
     assert result["bad_activation"] == first_error_line("ws_mm_act", "torch.randn(19, 23), torch.randn(23, 29), None, activation='tanh'")
     assert result["compiled_close"] == [True, True]
     assert result["graphs"] == 1
@@ -193,7 +197,7 @@ LOAD_ORDER = """
 
     # Whose schema, and whose kernels are active: the Python ones, whatever the order.
     result["schema_from"], result["cpp_kernels_active"] = {{}}, {{}}
-    for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act", "ws_grouped_mm"):
+    for name in ("ws_mm", "ws_addmm", "ws_bmm", "ws_mm_act", "ws_mm_gated", "ws_grouped_mm"):
         lines = torch._C._dispatch_dump(f"tritonblas::{{name}}").splitlines()
         debug = next(line for line in lines if line.startswith("debug:"))
         result["schema_from"][name] = "cpp" if "tritonblas_stubs.cpp" in debug else "python"

@@ -28,7 +28,7 @@ from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
 
 import tritonblas_ops
-from tritonblas_ops import _compat, settings
+from tritonblas_ops import _compat, activations, settings
 from tritonblas_ops import device as devices
 from tritonblas_ops import lowering as R
 from tritonblas_ops.settings import RoutingSettings
@@ -709,6 +709,53 @@ def test_fused_epilogues_replace_a_gemm_and_its_activation(cpu_routing, leading)
     assert torch.equal(fused, again)
 
 
+class GLU(torch.nn.Module):
+    """Llama's MLP: down(act(gate(x)) * up(x)), the product in either order."""
+
+    def __init__(self, activation="silu", gate_first=True):
+        super().__init__()
+        self.gate, self.up = torch.nn.Linear(16, 40, bias=False), torch.nn.Linear(16, 40, bias=False)
+        self.down = torch.nn.Linear(40, 16, bias=False)
+        self.activation, self.gate_first = activation, gate_first
+
+    def forward(self, x):
+        gate, up = activations.apply(self.gate(x), self.activation), self.up(x)
+        return self.down(gate * up if self.gate_first else up * gate)
+
+
+@pytest.mark.parametrize("activation,gate_first", [("silu", True), ("silu", False), ("gelu_tanh", True)])
+@pytest.mark.parametrize("leading", [(32,), (2, 16)])
+def test_fused_glu_becomes_one_gated_gemm(cpu_routing, leading, activation, gate_first):
+    """fuse_epilogues(True): a GLU's act(gate) * up becomes ws_mm_gated(x, w_up, gate): the
+    up GEMM's epilogue multiplies by the activated gate, and the product's pointwise kernel
+    is gone (not the gate GEMM's activation fused instead, which would leave it). Eager's
+    values within fp32 tolerance, bitwise run to run; 2-D and 3-D input."""
+    torch.manual_seed(0)
+    glu, x = GLU(activation, gate_first), randn(*leading, 16)
+    with torch.no_grad():
+        plain, plain_code = compile_and_run(glu, x)
+        tritonblas_ops.fuse_epilogues(True)
+        fused, fused_code = compile_and_run(glu, x)
+        again, _ = compile_and_run(glu, x)
+        reference = glu.double()(x.double())
+    assert sorted(routed_calls(plain_code)) == ["ws_mm", "ws_mm", "ws_mm"]
+    assert sorted(routed_calls(fused_code)) == ["ws_mm", "ws_mm", "ws_mm_gated"]
+    assert f"activation='{activation}'" in fused_code
+    assert len(CPP_KERNEL.findall(fused_code)) < len(CPP_KERNEL.findall(plain_code))
+    assert_matches(fused, reference, REL_TOLERANCE[torch.float32])
+    assert torch.equal(fused, again)
+
+
+def test_fused_glu_in_the_inline_form():
+    """Under the inline path the gated GEMM is the kernel itself with GATE set and the
+    gate as its bias operand (code generation only)."""
+    settings.update(path="inline", cpu=True, inline_cpu=True, fuse_epilogues=True)
+    with torch.no_grad():
+        code = generated_code_only(GLU(), randn(32, 16))
+    assert routed_calls(code) == ["ws_matmul_kernel"] * 3
+    assert re.findall(r"'GATE': (\w+)", code).count("True") == 1
+
+
 def test_fusion_takes_a_bias_added_after_the_gemm_but_not_a_larger_addend(cpu_routing):
     """act(x @ w + b) fuses with b as the epilogue's bias (as Inductor leaves fp32 linear
     layers on GPUs); an addend that does not broadcast to the GEMM's output stays apart."""
@@ -757,6 +804,28 @@ def test_gpu_fused_epilogues(path):
     else:
         assert {"gelu_tanh", "silu"} <= set(re.findall(r"'ACTIVATION': '(\w+)'", code))
         assert len(routed_calls(code)) == 3
+    assert rel_error(fused, reference) <= rel_error(plain, reference) + 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["opaque", "inline"])
+def test_gpu_fused_glu(path):
+    """On the GPU, in both paths, a bf16 Llama MLP on 3-D input: the gated product goes
+    into the up GEMM's epilogue, as close to float64 as the unfused routed run (plus a floor)."""
+    settings.update(path=path)
+    torch.manual_seed(0)
+    glu = GLU().cuda().to(torch.bfloat16)
+    x = randn(4, 16, 16, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        plain, _ = compile_and_run(glu, x)
+        torch._dynamo.reset()
+        tritonblas_ops.fuse_epilogues(True)
+        fused, code = compile_and_run(glu, x)
+        reference = glu.double()(x.double())
+    if path == "opaque":
+        assert sorted(routed_calls(code)) == ["ws_mm", "ws_mm", "ws_mm_gated"]
+    else:
+        assert re.findall(r"'GATE': (\w+)", code).count("True") == 1
     assert rel_error(fused, reference) <= rel_error(plain, reference) + 1e-2
 
 

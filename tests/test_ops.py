@@ -34,6 +34,9 @@ def op_cases():
     yield "ws_mm_act", (transposed(a), b, None), {"activation": "silu"}
     yield "ws_mm_act", (a, transposed(b), torch.randn(19, 1)), {"activation": "gelu"}
     yield "ws_mm_act", (a, b, bias), {"activation": "relu"}
+    yield "ws_mm_gated", (a, b, torch.randn(19, 29)), {"activation": "silu"}
+    yield "ws_mm_gated", (transposed(a), b, torch.randn(19, 29)), {"activation": "gelu_tanh"}
+    yield "ws_mm_gated", (a, transposed(b), bias), {"activation": "gelu"}
 
 
 def mm_act(a, b, bias, *, activation):
@@ -41,7 +44,13 @@ def mm_act(a, b, bias, *, activation):
     return activations.apply(torch.mm(a, b) if bias is None else torch.addmm(bias, a, b), activation)
 
 
-ATEN = {"ws_mm": torch.mm, "ws_addmm": torch.addmm, "ws_bmm": torch.bmm, "ws_mm_act": mm_act}
+def mm_gated(a, b, gate, *, activation):
+    """ws_mm_gated's meaning in aten ops."""
+    return activations.apply(gate, activation) * torch.mm(a, b)
+
+
+ATEN = {"ws_mm": torch.mm, "ws_addmm": torch.addmm, "ws_bmm": torch.bmm, "ws_mm_act": mm_act,
+        "ws_mm_gated": mm_gated}
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
@@ -95,6 +104,7 @@ def test_empty_outputs(shape_a, shape_b):
 
 def test_zero_k_gives_zeros_and_beta_bias():
     a, b = torch.randn(4, 0), torch.randn(0, 6)
+    assert torch.equal(ops.ws_mm_gated(a, b, torch.randn(4, 6), activation="silu"), torch.zeros(4, 6))
     assert torch.equal(ops.ws_mm(a, b), torch.zeros(4, 6))
     bias = torch.randn(6)
     assert torch.equal(ops.ws_addmm(bias, a, b, beta=2.0), torch.addmm(bias, a, b, beta=2.0))
@@ -136,6 +146,13 @@ def test_bad_input_is_refused_clearly(name, args, error, message):
     # Nothing was left half-done: the next good call is right.
     a, b = torch.randn(8, 9), torch.randn(9, 10)
     assert_matches(ops.ws_mm(a, b), matmul_ref(a, b), FP32)
+
+
+def test_mm_gated_refuses_an_unknown_activation_and_a_bad_gate():
+    with pytest.raises(RuntimeError, match=r"ws_mm_gated: activation must be one of .*got 'tanh'"):
+        ops.ws_mm_gated(M, torch.randn(5, 3), torch.randn(4, 3), activation="tanh")
+    with pytest.raises(RuntimeError, match=r"ws_mm_gated: gate of shape \(4, 7\) does not broadcast to \(4, 3\)"):
+        ops.ws_mm_gated(M, torch.randn(5, 3), torch.randn(4, 7), activation="silu")
 
 
 def test_mm_act_refuses_an_unknown_activation_and_a_bad_bias():
@@ -184,6 +201,8 @@ def jvp_cases():
     yield "ws_bmm", torch.bmm, (a3, b3), {}
     yield "ws_mm_act", mm_act, (a, b, bias), {"activation": "gelu_tanh"}
     yield "ws_mm_act", mm_act, (a, b), {"bias": None, "activation": "silu"}
+    yield "ws_mm_gated", mm_gated, (a, b, torch.randn(19, 29)), {"activation": "silu"}
+    yield "ws_mm_gated", mm_gated, (a, b, bias), {"activation": "gelu"}
 
 
 @pytest.mark.parametrize("case", list(jvp_cases()), ids=lambda case: case[0])

@@ -7,6 +7,26 @@ import torch
 import torch.nn.functional as F
 
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+# What a launch's epilogue may do: an activation of the product (plus bias), or, gated, the
+# product times an activation of the bias operand, the gate (a GLU: SwiGLU is "gate_silu").
+GATE_PREFIX = "gate_"
+EPILOGUES = ACTIVATIONS + tuple(GATE_PREFIX + name for name in ACTIVATIONS)
+
+
+def split_epilogue(epilogue: str) -> tuple[str, bool]:
+    """(activation, gated) of an epilogue name."""
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
+    gated = epilogue.startswith(GATE_PREFIX)
+    return (epilogue[len(GATE_PREFIX):] if gated else epilogue), gated
+
+
+def epilogue(product: torch.Tensor, bias: torch.Tensor | None, beta: float, name: str) -> torch.Tensor:
+    """What a launch's epilogue makes of a product (already scaled by alpha), in torch."""
+    activation, gated = split_epilogue(name)
+    if gated:
+        return apply(bias, activation) * product
+    return apply(product + beta * bias if bias is not None else product, activation)
 
 
 def apply(x: torch.Tensor, activation: str) -> torch.Tensor:

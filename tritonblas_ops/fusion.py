@@ -1,6 +1,8 @@
 """Epilogue fusion under torch.compile (settings' fuse_epilogues, off by default): a routed
 GEMM and the activation that is its only reader become one torch.ops.tritonblas.ws_mm_act
-call, whose kernel applies the activation in its epilogue.
+call, whose kernel applies the activation in its epilogue; and a gated linear unit's
+act(gate) * (x @ w_up), the GEMM's output read only by the product, becomes one
+ws_mm_gated call, whose epilogue multiplies by the activated gate.
 
 A post-grad pass, run by lowering's cache-key pass (so the setting is in the compiled-code
 cache keys). Post-grad graphs hold activations as Inductor's decompositions leave them
@@ -28,11 +30,14 @@ FUSED = [name for name in ACTIVATIONS if name != "none"]  # the activations a pa
 
 
 def fuse(graph: torch.fx.Graph) -> int:
-    """Replace every fusable GEMM + activation of a post-grad graph; returns how many."""
+    """Replace every fusable gated product, then every GEMM + activation, of a post-grad
+    graph; returns how many. Gated first: a GLU's gate GEMM also matches GEMM + activation,
+    and fusing that would leave the product's kernel in place."""
     state = settings.current()
     if not (state.enabled and state.fuse_epilogues):
         return 0
-    return _patterns().apply(graph)
+    gated, activated = _patterns()
+    return gated.apply(graph) + activated.apply(graph)
 
 
 def _routes(a, b, bias) -> bool:
@@ -60,6 +65,40 @@ def _hint(size) -> int:
 
 def _fusable(match: pattern_matcher.Match) -> bool:
     return _routes(match.kwargs["a"], match.kwargs["b"], match.kwargs.get("bias"))
+
+
+def _gated_fusable(match: pattern_matcher.Match) -> bool:
+    """Routing takes the GEMM, and the gate has the product's shape (viewed or not) and dtype."""
+    gate = match.kwargs["gate"].meta.get("val")
+    out = match.output_node().meta.get("val")
+    a = match.kwargs["a"].meta.get("val")
+    return (_routes(match.kwargs["a"], match.kwargs["b"], None) and isinstance(gate, torch.Tensor)
+            and isinstance(out, torch.Tensor) and gate.shape == out.shape and gate.dtype == a.dtype)
+
+
+def _replace_with_gated(activation: str, viewed: bool):
+    """act(gate) * mm(a, b) (perhaps viewed) becomes ws_mm_gated(a, b, gate): the gate
+    read as the product's 2-D shape, the result viewed back."""
+    def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
+        out = match.output_node()
+        graph = match.graph
+        gate = kwargs["gate"]
+        with graph.inserting_before(out):
+            if viewed:
+                view = next(node for node in match.nodes if node.target in _VIEWS)
+                product = view.args[0].meta["val"]
+                gate = graph.call_function(torch.ops.aten.reshape.default, (gate, list(product.shape)))
+                gate.meta["val"] = kwargs["gate"].meta["val"].reshape(product.shape)
+            fused = graph.call_function(torch.ops.tritonblas.ws_mm_gated.default,
+                                        (kwargs["a"], kwargs["b"], gate), {"activation": activation})
+            if viewed:
+                fused.meta["val"] = product
+                fused = graph.call_function(view.target, (fused, view.args[1]))
+        fused.meta.update(out.meta)
+        out.replace_all_uses_with(fused)
+        match.erase_nodes()
+
+    return replace
 
 
 def _replace_with_op(activation: str, viewed: bool):
@@ -97,16 +136,17 @@ def _also_reshape(pattern: pattern_matcher.PatternExpr) -> None:
 
 
 _lock = threading.Lock()
-_built: pattern_matcher.PatternMatcherPass | None = None
+_built: tuple | None = None
 
 
-def _patterns() -> pattern_matcher.PatternMatcherPass:
-    """The patterns, traced on first use (every activation, with and without a bias, for
-    each dtype, whose decompositions may differ): once, whichever thread compiles first."""
+def _patterns() -> tuple:
+    """The gated and the activation patterns, traced on first use (every activation, with
+    and without a bias, for each dtype, whose decompositions may differ): once, whichever
+    thread compiles first."""
     global _built
     with _lock:
         if _built is None:
-            _built = _trace_patterns()
+            _built = _trace_gated_patterns(), _trace_patterns()
         return _built
 
 
@@ -143,4 +183,34 @@ def _trace_patterns() -> pattern_matcher.PatternMatcherPass:
                     _also_reshape(pattern)
                 pattern_matcher.register_graph_pattern(
                     pattern, extra_check=_fusable, pass_dict=patterns)(_replace_with_op(activation, viewed))
+    return patterns
+
+
+def _gated_searches(apply, view):
+    """The search functions of one gated activation, either operand order (their
+    parameters name the pattern's inputs)."""
+    def gate_first(a, b, gate):
+        return apply(gate) * view(torch.mm(a, b))
+
+    def product_first(a, b, gate):
+        return view(torch.mm(a, b)) * apply(gate)
+
+    return gate_first, product_first
+
+
+def _trace_gated_patterns() -> pattern_matcher.PatternMatcherPass:
+    """act(gate) * mm(a, b), either operand order, the product perhaps viewed (nn.Linear on
+    3-D input), for every activation and dtype: SwiGLU's silu(gate(x)) * up(x), GeGLU's."""
+    patterns = pattern_matcher.PatternMatcherPass()
+    for activation, viewed in itertools.product(FUSED, (False, True)):
+        apply = functools.partial(activations.apply, activation=activation)
+        view = (lambda x: x.view(2, 4, 8)) if viewed else (lambda x: x)
+        for dtype, search in itertools.product(SUPPORTED_DTYPES, _gated_searches(apply, view)):
+            example = (torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype),
+                       torch.empty((2, 4, 8) if viewed else (8, 8), dtype=dtype))
+            pattern = pattern_matcher.gen_pattern(search, example, pattern_matcher.fwd_only)
+            if viewed:
+                _also_reshape(pattern)
+            pattern_matcher.register_graph_pattern(
+                pattern, extra_check=_gated_fusable, pass_dict=patterns)(_replace_with_gated(activation, viewed))
     return patterns

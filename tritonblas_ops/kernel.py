@@ -294,11 +294,12 @@ def _store_tile(
     stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
     alpha, beta,
     ROWS: tl.constexpr, COLS: tl.constexpr, INT64_INDEX: tl.constexpr,
-    TMA_STORE: tl.constexpr, ACTIVATION: tl.constexpr,
+    TMA_STORE: tl.constexpr, ACTIVATION: tl.constexpr, GATE: tl.constexpr,
 ):
-    """C[m0:m0 + ROWS, n0:n0 + COLS] = act(alpha * acc + beta * bias), rounded to C's dtype;
-    nothing past M, N written (the program's C descriptor, whose box is the whole tile,
-    clips the edges; masked stores otherwise)."""
+    """C[m0:m0 + ROWS, n0:n0 + COLS] = act(alpha * acc + beta * bias), or under GATE
+    act(bias) * alpha * acc (a gated linear unit's product: the bias is the gate), rounded to
+    C's dtype; nothing past M, N written (the program's C descriptor, whose box is the whole
+    tile, clips the edges; masked stores otherwise)."""
     offs_m = m0 + tl.arange(0, ROWS)
     offs_n = n0 + tl.arange(0, COLS)
     if INT64_INDEX:
@@ -310,8 +311,12 @@ def _store_tile(
     if bias_ptr is not None:
         bias_ptrs = bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n
         bias = tl.load(bias_ptrs, mask=in_m[:, None] & in_n[None, :], other=0.0)
-        acc += beta * bias.to(tl.float32)
-    acc = _activation(acc, ACTIVATION)
+        if GATE:
+            acc = acc * _activation(bias.to(tl.float32), ACTIVATION)
+        else:
+            acc += beta * bias.to(tl.float32)
+    if not GATE:
+        acc = _activation(acc, ACTIVATION)
     c = acc.to(c_ptr.dtype.element_ty)
     if TMA_STORE:  # descriptor coordinates stay int32; the descriptor addresses in 64 bits
         c_desc.store([batch, m0, n0], c.reshape(1, ROWS, COLS))
@@ -359,6 +364,7 @@ def ws_matmul_kernel(
     USE_TMA: tl.constexpr, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
     TMA_STORE: tl.constexpr,
     ACTIVATION: tl.constexpr,  # of the epilogue: "none", "relu", "gelu", "gelu_tanh", "silu"
+    GATE: tl.constexpr,  # the bias is a gate: act(gate) * product (SwiGLU's, GeGLU's)
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -436,7 +442,7 @@ def ws_matmul_kernel(
             _store_tile(
                 acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
                 stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
-                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE, ACTIVATION,
+                alpha, beta, BLOCK_M, BLOCK_N, INT64_INDEX, TMA_STORE, ACTIVATION, GATE,
             )
         if unit_counts_ptr is not None:
             tl.atomic_add(unit_counts_ptr + unit, 1, sem="relaxed")
@@ -478,7 +484,7 @@ def ws_matmul_kernel(
             _store_tile(
                 acc, c_ptr, c_desc, bias_ptr, batch, tile_m * BLOCK_M + row0, tile_n * BLOCK_N, M, N,
                 stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
-                alpha, beta, SUM_ROWS, BLOCK_N, INT64_INDEX, False, ACTIVATION,
+                alpha, beta, SUM_ROWS, BLOCK_N, INT64_INDEX, False, ACTIVATION, GATE,
             )
             # The tile's last sum to finish leaves its arrival counter clean for the next launch.
             if tl.atomic_add(arrivals_ptr + tile, 1, sem="relaxed") == SPLIT_K + parts_per_tile - 1:
@@ -648,7 +654,7 @@ def ws_grouped_kernel(
         _store_tile(
             acc, c_ptr, None, None, batch, m0, n0, m_end, n_end,
             stride_cb, stride_cm, stride_cn, 0, 0, 1.0, 0.0,
-            BLOCK_M, BLOCK_N, INT64_INDEX, False, "none",
+            BLOCK_M, BLOCK_N, INT64_INDEX, False, "none", False,
         )
         if unit_counts_ptr is not None:
             tl.atomic_add(unit_counts_ptr + unit, 1, sem="relaxed")

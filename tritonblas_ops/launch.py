@@ -71,7 +71,8 @@ def ws_matmul(
     activation: str = "none",
 ) -> torch.Tensor:
     """activation(alpha * a @ b + beta * bias) for 2-D (M, K) @ (K, N) or 3-D (B, M, K) @
-    (B, K, N); activation one of activations.ACTIVATIONS, applied by the epilogue.
+    (B, K, N), applied by the epilogue; activation one of activations.EPILOGUES, where
+    "gate_<act>" makes it act(bias) * alpha * a @ b (the bias a gate of the output's shape).
 
     The plain Python entry point under the torch ops, with the knobs they keep at their
     defaults: tile config, shard count, grid size, schedule and load path. Inputs must
@@ -123,9 +124,9 @@ def execute(plan: LaunchPlan, a, b, bias, alpha: float, beta: float):
     if plan.outcome is Outcome.EMPTY:
         return out, None, None
     if plan.outcome is Outcome.FILL:
-        # Every activation maps 0 to 0.
-        out.copy_(activations.apply(beta * bias.expand(out.shape[-2:]), plan.activation)
-                  if plan.keep_bias else torch.zeros_like(out))
+        product = torch.zeros(out.shape[-2:], dtype=a.dtype, device=a.device)
+        out.copy_(activations.epilogue(product, bias.expand(out.shape[-2:]) if plan.keep_bias else None,
+                                       beta, plan.activation))
         return out, None, None
     a_arg, b_arg, bias_arg, partials = operands(plan, a, b, bias)
     numel = plan.queue.numel

@@ -56,6 +56,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.virtualized import V
 
 from tritonblas_ops import _compat, fusion, settings
+from tritonblas_ops.activations import GATE_PREFIX, split_epilogue
 from tritonblas_ops.config import INVARIANT_PREFILL_M
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES
@@ -200,8 +201,10 @@ def _emit_inline(a, b, bias, alpha: float, beta: float, activation: str = "none"
     if the_plan.outcome is Outcome.EMPTY:
         return inductor_lowering.empty_strided(out_shape, None, dtype=dtype, device=device)
     if the_plan.outcome is Outcome.FILL:  # as the op: beta * bias, or zeros
-        if activation != "none":  # K = 0 under an activation: rare enough for the op call
-            return _emit_opaque(torch.ops.tritonblas.ws_mm_act.default, a, b, bias, activation=activation)
+        if activation != "none":  # K = 0 under an epilogue: rare enough for the op call
+            base, gated = split_epilogue(activation)
+            op = torch.ops.tritonblas.ws_mm_gated if gated else torch.ops.tritonblas.ws_mm_act
+            return _emit_opaque(op.default, a, b, bias, activation=base)
         if the_plan.keep_bias:
             return L[aten.expand.default](L[aten.mul.Tensor](bias, beta), out_shape)
         return L[aten.full.default](out_shape, 0, dtype=dtype, device=device)
@@ -264,11 +267,13 @@ def _transposed(stride: tuple) -> tuple:
     return stride[0], stride[2], stride[1]
 
 
-def _emit(op, a, b, bias=None, *, beta=1.0, alpha=1.0, activation=None):
+def _emit(op, a, b, bias=None, *, beta=1.0, alpha=1.0, activation=None, gated=False):
+    """`gated`: bias is a gate (ws_mm_gated), which the inline kernel's epilogue multiplies by."""
     state = settings.current()
     device_type = a.get_device().type
     if state.path is Path.INLINE and (device_type == "cuda" or state.inline_cpu):
-        return _emit_inline(a, b, bias, float(alpha), float(beta), activation or "none")
+        epilogue = (GATE_PREFIX if gated else "") + (activation or "none")
+        return _emit_inline(a, b, bias, float(alpha), float(beta), epilogue)
     if activation is not None:
         return _emit_opaque(op, a, b, bias, activation=activation)
     if bias is None:
@@ -324,6 +329,12 @@ def _lower_mm_act(a, b, bias, *, activation):
     """ws_mm_act, which epilogue fusion puts in the graph (routing took its GEMM): the op
     call, or under the inline path the kernel with the activation in its epilogue."""
     return _emit(torch.ops.tritonblas.ws_mm_act.default, a, b, bias, activation=activation)
+
+
+def _lower_mm_gated(a, b, gate, *, activation):
+    """ws_mm_gated, which epilogue fusion puts in place of a GLU's second GEMM and product:
+    the op call, or under the inline path the kernel with the gate in its epilogue."""
+    return _emit(torch.ops.tritonblas.ws_mm_gated.default, a, b, gate, activation=activation, gated=True)
 
 
 def _override(op, route):
@@ -385,12 +396,13 @@ def _source_hash() -> str:
 
 
 def install() -> None:
-    """Wrap Inductor's mm / addmm / bmm / _grouped_mm lowerings, lower ws_mm_act (epilogue fusion's op)
-    and add the cache-key pass; idempotent."""
+    """Wrap Inductor's mm / addmm / bmm / _grouped_mm lowerings, lower ws_mm_act and
+    ws_mm_gated (epilogue fusion's ops) and add the cache-key pass; idempotent."""
     for op, route in _ROUTES.items():
         if getattr(inductor_lowering.lowerings[op], "tritonblas_route", None) is None:
             inductor_lowering.lowerings[op] = _override(op, route)
     inductor_lowering.lowerings[torch.ops.tritonblas.ws_mm_act.default] = _lower_mm_act
+    inductor_lowering.lowerings[torch.ops.tritonblas.ws_mm_gated.default] = _lower_mm_gated
     if _KEY_PASS not in _compat.post_grad_post_passes():
         _compat.append_post_grad_post_pass(_KEY_PASS)
 

@@ -1,4 +1,4 @@
-"""torch.ops.tritonblas.ws_mm / ws_addmm / ws_bmm / ws_mm_act: checks, kernels, fake
+"""torch.ops.tritonblas.ws_mm / ws_addmm / ws_bmm / ws_mm_act / ws_mm_gated: checks, kernels, fake
 kernels, autograd.
 
 Each op is a `triton_op`, so torch.compile sees the Triton kernel itself rather than an
@@ -104,20 +104,20 @@ def bias_broadcasts(shape, out_shape) -> bool:
         size == 1 or size == out for size, out in zip(reversed(shape), reversed(out_shape)))
 
 
-def _check_bias(bias: Tensor, a: Tensor, b: Tensor, op: str = "ws_addmm") -> None:
-    _check_tensor(op, "bias", bias)
+def _check_bias(bias: Tensor, a: Tensor, b: Tensor, op: str = "ws_addmm", name: str = "bias") -> None:
+    _check_tensor(op, name, bias)
     out_shape = (a.shape[0], b.shape[1])
     _check(
         bias.dtype == a.dtype,
-        lambda: f"{op}: bias must have the dtype of a and b ({a.dtype}), got {bias.dtype}",
+        lambda: f"{op}: {name} must have the dtype of a and b ({a.dtype}), got {bias.dtype}",
     )
     _check(
         bias.device == a.device,
-        lambda: f"{op}: bias must be on {a.device}, got {bias.device}",
+        lambda: f"{op}: {name} must be on {a.device}, got {bias.device}",
     )
     _check(
         bias_broadcasts(bias.shape, out_shape),
-        lambda: f"{op}: bias of shape {tuple(bias.shape)} does not broadcast to {out_shape}",
+        lambda: f"{op}: {name} of shape {tuple(bias.shape)} does not broadcast to {out_shape}",
     )
 
 
@@ -128,6 +128,15 @@ def _check_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, activation: str) ->
     _check(
         activation in ACTIVATIONS,
         lambda: f"ws_mm_act: activation must be one of {ACTIVATIONS}, got {activation!r}",
+    )
+
+
+def _check_mm_gated(a: Tensor, b: Tensor, gate: Tensor, activation: str) -> None:
+    _check_operands("ws_mm_gated", a, b, rank=2)
+    _check_bias(gate, a, b, "ws_mm_gated", "gate")
+    _check(
+        activation in ACTIVATIONS,
+        lambda: f"ws_mm_gated: activation must be one of {ACTIVATIONS}, got {activation!r}",
     )
 
 
@@ -201,6 +210,42 @@ def _ws_mm_act_backward(ctx, grad):
     grad_b = torch.ops.tritonblas.ws_mm(a.mT, grad_product) if needs_b else None
     grad_bias = grad_product.sum_to_size(bias.shape) if needs_bias else None
     return grad_a, grad_b, grad_bias
+
+
+def _ws_mm_gated_setup(ctx, inputs, keyword_only_inputs, output):
+    ctx.save_for_backward(*inputs)
+    ctx.activation = keyword_only_inputs["activation"]
+
+
+def _ws_mm_gated_backward(ctx, grad):
+    """out = act(gate) * p with p = a @ b (recomputed: the op writes only out)."""
+    a, b, gate = ctx.saved_tensors
+    needs_a, needs_b, needs_gate = ctx.needs_input_grad
+    gate32 = gate.float()
+    grad_product = (grad.float() * activations.apply(gate32, ctx.activation)).to(grad.dtype)
+    grad_a = torch.ops.tritonblas.ws_mm(grad_product, b.mT) if needs_a else None
+    grad_b = torch.ops.tritonblas.ws_mm(a.mT, grad_product) if needs_b else None
+    grad_gate = None
+    if needs_gate:
+        product = torch.ops.tritonblas.ws_mm(a, b).float()
+        grad_gate = (grad.float() * product * activations.derivative(gate32, ctx.activation))
+        grad_gate = grad_gate.to(gate.dtype).sum_to_size(gate.shape)
+    return grad_a, grad_b, grad_gate
+
+
+def _ws_mm_gated_tangent(primals, tangents, keyword_only_args):
+    a, b, gate = primals
+    tangent_a, tangent_b, tangent_gate = tangents
+    activation = keyword_only_args["activation"]
+    out = None
+    if tangent_a is not None or tangent_b is not None:
+        tangent = _product_tangent(a, b, tangent_a, tangent_b, torch.ops.tritonblas.ws_mm)
+        out = tangent.float() * activations.apply(gate.float(), activation)
+    if tangent_gate is not None:
+        product = torch.ops.tritonblas.ws_mm(a, b).float()
+        part = product * activations.derivative(gate.float(), activation) * tangent_gate.float()
+        out = part if out is None else out + part
+    return out.to(a.dtype)
 
 
 def _ws_mm_act_tangent(primals, tangents, keyword_only_args):
@@ -392,6 +437,18 @@ def ws_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, *, activation: str) -> 
     return ws_matmul(a, b, bias, activation=activation)
 
 
+@_triton_op("ws_mm_gated", setup_context=_ws_mm_gated_setup, backward=_ws_mm_gated_backward,
+            tangent=_ws_mm_gated_tangent)
+def ws_mm_gated(a: Tensor, b: Tensor, gate: Tensor, *, activation: str) -> Tensor:
+    """activation(gate) * (a @ b) in one kernel: a gated linear unit's product (SwiGLU is
+    activation "silu"), the gate (broadcastable to the output, like a bias) read by the
+    epilogue. What epilogue fusion puts in place of the second GEMM of a GLU and the product."""
+    _check_mm_gated(a, b, gate, activation)
+    if a.device.type == "cpu" and is_fake(a):
+        return activations.apply(gate, activation) * torch.mm(a, b)
+    return ws_matmul(a, b, gate, activation=activations.GATE_PREFIX + activation)
+
+
 # ---------------------------------------------------------------------------------------
 # Fake kernels: shapes only, same checks (the default would run the body)
 # ---------------------------------------------------------------------------------------
@@ -419,4 +476,10 @@ def _ws_bmm_fake(a, b):
 @ws_mm_act.register_fake
 def _ws_mm_act_fake(a, b, bias, *, activation):
     _check_mm_act(a, b, bias, activation)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@ws_mm_gated.register_fake
+def _ws_mm_gated_fake(a, b, gate, *, activation):
+    _check_mm_gated(a, b, gate, activation)
     return a.new_empty((a.shape[0], b.shape[1]))

@@ -14,7 +14,7 @@ import torch
 
 from tritonblas_ops import device as devices
 from tritonblas_ops import scheduler
-from tritonblas_ops.activations import ACTIVATIONS
+from tritonblas_ops.activations import EPILOGUES, split_epilogue
 from tritonblas_ops.config import TileConfig, num_tiles, select_config, select_invariant_config
 from tritonblas_ops.scheduler import WorkQueue
 
@@ -145,7 +145,7 @@ class LaunchPlan:
     # int32 (1,) on the device: budget.LiveBudget's word, read by the programs between
     # units (those at or above it leave), or None
     live_budget: torch.Tensor | None = dataclasses.field(default=None, compare=False)
-    activation: str = "none"  # applied by the epilogue: one of ACTIVATIONS
+    activation: str = "none"  # the epilogue's: one of activations.EPILOGUES
 
     def arguments(self, a, b, c, bias, counters, partials, descriptors, alpha, beta, *,
                   unit_counts=None, sizes=None, strides=None) -> dict:
@@ -177,12 +177,17 @@ class LaunchPlan:
             INT64_INDEX=self.int64_index,
             USE_TMA=self.use_tma, A_ROW_MAJOR=self.a_row_major, B_ROW_MAJOR=self.b_row_major,
             TMA_STORE=self.tma_store,
-            ACTIVATION=self.activation,
+            **_epilogue_constants(self.activation),
         )
 
     @property
     def launch_options(self) -> dict:
         return dict(num_warps=self.config.num_warps, num_stages=self.config.num_stages)
+
+
+def _epilogue_constants(epilogue: str) -> dict:
+    activation, gated = split_epilogue(epilogue)
+    return dict(ACTIVATION=activation, GATE=gated)
 
 
 def tf32_enabled() -> bool:
@@ -217,10 +222,13 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     depend on it. live_budget: a LiveBudget's device word, which the programs read between
     units (they leave at or above it): the launch then steals work whatever its size, since
     a static schedule cannot lose programs. activation: applied to alpha * a @ b + beta *
-    bias by the epilogue (ACTIVATIONS), so act(x @ w + b) needs no pass of its own.
+    bias by the epilogue, so act(x @ w + b) needs no pass of its own; or "gate_<act>":
+    act(bias) * alpha * a @ b, a gated linear unit (activations.EPILOGUES).
     """
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if activation not in EPILOGUES:
+        raise ValueError(f"activation must be one of {EPILOGUES}, got {activation!r}")
+    if split_epilogue(activation)[1] and (bias is None or beta_zero):
+        raise ValueError(f"epilogue {activation!r} multiplies by a gate: pass it as the bias, with beta 1")
     batches, m, k = a.shape
     n = b.shape[2]
     out_shape = (batches, m, n) if batched else (m, n)
