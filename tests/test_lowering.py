@@ -693,20 +693,28 @@ def test_fused_epilogues_replace_a_gemm_and_its_activation(cpu_routing, leading)
     activation reads the GEMM through a view back to (batch, sequence, features): fused
     too, the view applied to the op's output."""
     torch.manual_seed(0)
-    mlp, x = MLP(), randn(*leading, 16)
-    with torch.no_grad():
-        plain, plain_code = compile_and_run(mlp, x)
-        tritonblas_ops.fuse_epilogues(True)
-        fused, fused_code = compile_and_run(mlp, x)
-        again, _ = compile_and_run(mlp, x)
-        reference = mlp.double()(x.double())
-    assert sorted(routed_calls(plain_code)) == ["ws_addmm", "ws_addmm", "ws_mm"]
-    assert sorted(routed_calls(fused_code)) == ["ws_addmm", "ws_mm_act", "ws_mm_act"]
+    fused_code = check_fusion(MLP(), randn(*leading, 16), ["ws_addmm", "ws_addmm", "ws_mm"],
+                              ["ws_addmm", "ws_mm_act", "ws_mm_act"])
     assert "activation='gelu_tanh'" in fused_code and "activation='silu'" in fused_code
+
+
+def check_fusion(module, x, plain_calls: list, fused_calls: list) -> str:
+    """Compiled without and with fuse_epilogues (no grad): the routed calls each way, fewer
+    C++ kernels fused, both within fp32 tolerance of float64, fused bitwise run to run.
+    Returns the fused code."""
+    with torch.no_grad():
+        plain, plain_code = compile_and_run(module, x)
+        tritonblas_ops.fuse_epilogues(True)
+        fused, fused_code = compile_and_run(module, x)
+        again, _ = compile_and_run(module, x)
+        reference = module.double()(x.double())
+    assert sorted(routed_calls(plain_code)) == plain_calls
+    assert sorted(routed_calls(fused_code)) == fused_calls
     assert len(CPP_KERNEL.findall(fused_code)) < len(CPP_KERNEL.findall(plain_code))
     assert_matches(fused, reference, REL_TOLERANCE[torch.float32])
     assert_matches(plain, reference, REL_TOLERANCE[torch.float32])
     assert torch.equal(fused, again)
+    return fused_code
 
 
 class GLU(torch.nn.Module):
@@ -731,19 +739,9 @@ def test_fused_glu_becomes_one_gated_gemm(cpu_routing, leading, activation, gate
     is gone (not the gate GEMM's activation fused instead, which would leave it). Eager's
     values within fp32 tolerance, bitwise run to run; 2-D and 3-D input."""
     torch.manual_seed(0)
-    glu, x = GLU(activation, gate_first), randn(*leading, 16)
-    with torch.no_grad():
-        plain, plain_code = compile_and_run(glu, x)
-        tritonblas_ops.fuse_epilogues(True)
-        fused, fused_code = compile_and_run(glu, x)
-        again, _ = compile_and_run(glu, x)
-        reference = glu.double()(x.double())
-    assert sorted(routed_calls(plain_code)) == ["ws_mm", "ws_mm", "ws_mm"]
-    assert sorted(routed_calls(fused_code)) == ["ws_mm", "ws_mm", "ws_mm_gated"]
+    fused_code = check_fusion(GLU(activation, gate_first), randn(*leading, 16), ["ws_mm", "ws_mm", "ws_mm"],
+                              ["ws_mm", "ws_mm", "ws_mm_gated"])
     assert f"activation='{activation}'" in fused_code
-    assert len(CPP_KERNEL.findall(fused_code)) < len(CPP_KERNEL.findall(plain_code))
-    assert_matches(fused, reference, REL_TOLERANCE[torch.float32])
-    assert torch.equal(fused, again)
 
 
 def test_fused_glu_in_the_inline_form():
@@ -783,49 +781,42 @@ def test_fused_epilogues_in_the_inline_form():
     assert re.findall(r"^cpp_fused_\w+ = async_compile\.cpp_pybinding\((\[.*?\])", code, re.M) == ["['int32_t*']"]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("path", ["opaque", "inline"])
-def test_gpu_fused_epilogues(path):
-    """On the GPU, in both paths: the bf16 MLP's activations go into the GEMMs' epilogues
-    (op calls or kernels with ACTIVATION set), and the result is as close to a float64 run
-    as the unfused routed one is (plus a floor)."""
-    settings.update(path=path)
-    torch.manual_seed(0)
-    mlp = MLP().cuda().to(torch.bfloat16)
-    x = randn(4, 16, 16, dtype=torch.bfloat16, device="cuda")  # 3-D: the GEMMs' outputs are viewed
-    with torch.no_grad():
-        plain, _ = compile_and_run(mlp, x)
-        torch._dynamo.reset()
-        tritonblas_ops.fuse_epilogues(True)
-        fused, code = compile_and_run(mlp, x)
-        reference = mlp.double()(x.double())
-    if path == "opaque":
-        assert sorted(routed_calls(code)) == ["ws_addmm", "ws_mm_act", "ws_mm_act"]
-    else:
-        assert {"gelu_tanh", "silu"} <= set(re.findall(r"'ACTIVATION': '(\w+)'", code))
-        assert len(routed_calls(code)) == 3
-    assert rel_error(fused, reference) <= rel_error(plain, reference) + 1e-2
+def _inline_fused(code: str, activations: set, gates: int) -> bool:
+    """The inline form's code holds three routed kernels, these activations and `gates` gated ones."""
+    return (len(routed_calls(code)) == 3 and activations <= set(re.findall(r"'ACTIVATION': '(\w+)'", code))
+            and re.findall(r"'GATE': (\w+)", code).count("True") == gates)
+
+
+# model: (its class, the op calls fused (opaque form), the inline form's activations and gates)
+GPU_FUSION_CASES = {
+    "mlp": (MLP, ["ws_addmm", "ws_mm_act", "ws_mm_act"], {"gelu_tanh", "silu"}, 0),
+    "glu": (GLU, ["ws_mm", "ws_mm", "ws_mm_gated"], {"silu"}, 1),
+}
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("model", list(GPU_FUSION_CASES))
 @pytest.mark.parametrize("path", ["opaque", "inline"])
-def test_gpu_fused_glu(path):
-    """On the GPU, in both paths, a bf16 Llama MLP on 3-D input: the gated product goes
-    into the up GEMM's epilogue, as close to float64 as the unfused routed run (plus a floor)."""
+def test_gpu_fused_epilogues(path, model):
+    """On the GPU, in both paths, bf16 on 3-D input (the GEMMs' outputs are viewed): the
+    MLP's activations and the Llama MLP's gated product go into the GEMMs' epilogues (op
+    calls, or kernels with ACTIVATION and GATE set), and the result is as close to a float64
+    run as the unfused routed one is (plus a floor)."""
+    cls, calls, fused_activations, gates = GPU_FUSION_CASES[model]
     settings.update(path=path)
     torch.manual_seed(0)
-    glu = GLU().cuda().to(torch.bfloat16)
+    module = cls().cuda().to(torch.bfloat16)
     x = randn(4, 16, 16, dtype=torch.bfloat16, device="cuda")
     with torch.no_grad():
-        plain, _ = compile_and_run(glu, x)
+        plain, _ = compile_and_run(module, x)
         torch._dynamo.reset()
         tritonblas_ops.fuse_epilogues(True)
-        fused, code = compile_and_run(glu, x)
-        reference = glu.double()(x.double())
+        fused, code = compile_and_run(module, x)
+        reference = module.double()(x.double())
     if path == "opaque":
-        assert sorted(routed_calls(code)) == ["ws_mm", "ws_mm", "ws_mm_gated"]
+        assert sorted(routed_calls(code)) == calls
     else:
-        assert re.findall(r"'GATE': (\w+)", code).count("True") == 1
+        assert _inline_fused(code, fused_activations, gates)
     assert rel_error(fused, reference) <= rel_error(plain, reference) + 1e-2
 
 
