@@ -16,7 +16,8 @@ Models (bf16, one block each, weights from one seed):
 Variants: `default` (Inductor, routing off), `max_autotune` (Inductor's GEMM autotuning,
 routing off), `routed` (every GEMM the lowering takes goes to the kernel: policy "all",
 the op call), `routed_inline` (the same, the kernel itself in the generated code),
-`routed_fused` (`routed` with epilogue fusion: a GEMM and its activation as one op call).
+`routed_fused` (`routed` with epilogue fusion: a GEMM and its activation, or a GLU's product,
+as one op call).
 Steps: `forward` (inference, no_grad) and `train` (forward + backward, no optimizer).
 `--graphs on` compiles with CUDA graphs (Inductor's cudagraph trees, as mode="reduce-overhead").
 
