@@ -13,7 +13,8 @@ from tritonblas_ops import budget, grouped, interpreter, launch
 from tritonblas_ops import device as devices
 from tritonblas_ops import kernel as kernel_module
 from tritonblas_ops.config import TileConfig
-from tritonblas_ops.kernel import ws_grouped_kernel, ws_matmul_kernel
+from tritonblas_ops.grouped_kernel import ws_grouped_kernel
+from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.plan import Schedule
 from tritonblas_ops.testing import REL_TOLERANCE, assert_every_unit_computed_once, assert_matches, matmul_ref
 

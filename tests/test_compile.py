@@ -8,7 +8,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tritonblas_ops.kernel import ws_grouped_kernel, ws_matmul_kernel
+from tritonblas_ops.grouped_kernel import ws_grouped_kernel
+from tritonblas_ops.kernel import ws_matmul_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16", "offs_ptr": "*i32",

@@ -8,7 +8,7 @@ semantics of torch._grouped_mm, every group's tiles in one work-stealing queue.
 - 2-D x 2-D, ragged K: A (M, T), B (T, N), C (G, M, N) = A[:, group] @ B[group, :] (the
   weight gradient); an empty group's matrix is zeros.
 - 3-D x 3-D: no offs, a bmm (ws_bmm's launch).
-The kernel reads offs on the GPU (kernel.ws_grouped_kernel): no host sync, so a launch
+The kernel reads offs on the GPU (grouped_kernel.ws_grouped_kernel): no host sync, so a launch
 can be captured in a CUDA graph. A malformed offs (decreasing, or outside [0, T]) is
 clamped into disjoint groups and flagged in the launch's status; checked launches
 (launch.set_checked) read offs first and raise naming what is wrong.
@@ -29,7 +29,7 @@ from tritonblas_ops import counters as counter_pool
 from tritonblas_ops import device as devices
 from tritonblas_ops.device import COUNTER_STRIDE
 from tritonblas_ops.config import TileConfig, select_config
-from tritonblas_ops.kernel import ws_grouped_kernel
+from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES, _check, _check_tensor
 from tritonblas_ops.plan import Operand, _describable, _max_offset, shard_setting, tf32_enabled
 from tritonblas_ops.scheduler import WorkQueue
