@@ -77,47 +77,47 @@ def _gated_fusable(match: pattern_matcher.Match) -> bool:
 
 
 def _replace_with_gated(activation: str, viewed: bool):
-    """act(gate) * mm(a, b) (perhaps viewed) becomes ws_mm_gated(a, b, gate): the gate
-    read as the product's 2-D shape, the result viewed back."""
+    """act(gate) * mm(a, b) (perhaps viewed) becomes ws_mm_gated(a, b, gate), the gate read
+    in the product's 2-D shape."""
     def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
-        out = match.output_node()
-        graph = match.graph
         gate = kwargs["gate"]
-        with graph.inserting_before(out):
-            if viewed:
-                view = next(node for node in match.nodes if node.target in _VIEWS)
-                product = view.args[0].meta["val"]
-                gate = graph.call_function(torch.ops.aten.reshape.default, (gate, list(product.shape)))
-                gate.meta["val"] = kwargs["gate"].meta["val"].reshape(product.shape)
-            fused = graph.call_function(torch.ops.tritonblas.ws_mm_gated.default,
-                                        (kwargs["a"], kwargs["b"], gate), {"activation": activation})
-            if viewed:
-                fused.meta["val"] = product
-                fused = graph.call_function(view.target, (fused, view.args[1]))
-        fused.meta.update(out.meta)
-        out.replace_all_uses_with(fused)
-        match.erase_nodes()
+        if viewed:
+            product = _matched_view(match).args[0].meta["val"]
+            with match.graph.inserting_before(match.output_node()):
+                gate = match.graph.call_function(torch.ops.aten.reshape.default, (gate, list(product.shape)))
+            gate.meta["val"] = kwargs["gate"].meta["val"].reshape(product.shape)
+        _substitute(match, torch.ops.tritonblas.ws_mm_gated.default, (kwargs["a"], kwargs["b"], gate),
+                    activation, viewed)
 
     return replace
 
 
 def _replace_with_op(activation: str, viewed: bool):
     def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
-        out = match.output_node()
-        graph = match.graph
-        with graph.inserting_before(out):
-            fused = graph.call_function(
-                torch.ops.tritonblas.ws_mm_act.default,
-                (kwargs["a"], kwargs["b"], kwargs.get("bias")), {"activation": activation})
-            if viewed:  # the activation read the GEMM's output through a view: view the result
-                view = next(node for node in match.nodes if node.target in _VIEWS)
-                fused.meta["val"] = view.args[0].meta["val"]
-                fused = graph.call_function(view.target, (fused, view.args[1]))
-        fused.meta.update(out.meta)
-        out.replace_all_uses_with(fused)
-        match.erase_nodes()
+        _substitute(match, torch.ops.tritonblas.ws_mm_act.default,
+                    (kwargs["a"], kwargs["b"], kwargs.get("bias")), activation, viewed)
 
     return replace
+
+
+def _substitute(match: pattern_matcher.Match, op, args: tuple, activation: str, viewed: bool) -> None:
+    """The match's output replaced by op(*args, activation=activation), which gives the GEMM's
+    2-D output: viewed as the pattern viewed the GEMM's, where it did."""
+    out = match.output_node()
+    graph = match.graph
+    with graph.inserting_before(out):
+        fused = graph.call_function(op, args, {"activation": activation})
+        if viewed:
+            view = _matched_view(match)
+            fused.meta["val"] = view.args[0].meta["val"]
+            fused = graph.call_function(view.target, (fused, view.args[1]))
+    fused.meta.update(out.meta)
+    out.replace_all_uses_with(fused)
+    match.erase_nodes()
+
+
+def _matched_view(match: pattern_matcher.Match) -> torch.fx.Node:
+    return next(node for node in match.nodes if node.target in _VIEWS)
 
 
 # Tracing spells the view aten.view; post-grad graphs hold it as aten.reshape (Inductor's
@@ -168,21 +168,32 @@ def _searches(apply, view):
     return addmm_bias, added_bias, without_bias
 
 
-def _trace_patterns() -> pattern_matcher.PatternMatcherPass:
-    patterns = pattern_matcher.PatternMatcherPass()
+def _variants():
+    """(activation, viewed, apply, view) for every fused activation, the GEMM's output viewed
+    (to the leading dimensions of a Linear on 3-D input: the traced pattern matches any
+    sizes) or not."""
     for activation, viewed in itertools.product(FUSED, (False, True)):
         apply = functools.partial(activations.apply, activation=activation)
-        view = (lambda x: x.view(2, 4, 8)) if viewed else (lambda x: x)
+        yield activation, viewed, apply, (lambda x: x.view(2, 4, 8)) if viewed else (lambda x: x)
+
+
+def _register(patterns, search, example: tuple, viewed: bool, extra_check, replace) -> None:
+    """Trace `search` on `example` through Inductor's decompositions, as its own patterns are."""
+    pattern = pattern_matcher.gen_pattern(search, example, pattern_matcher.fwd_only)
+    if viewed:
+        _also_reshape(pattern)
+    pattern_matcher.register_graph_pattern(pattern, extra_check=extra_check, pass_dict=patterns)(replace)
+
+
+def _trace_patterns() -> pattern_matcher.PatternMatcherPass:
+    patterns = pattern_matcher.PatternMatcherPass()
+    for activation, viewed, apply, view in _variants():
         addmm_bias, added_bias, without_bias = _searches(apply, view)
         for dtype in SUPPORTED_DTYPES:
             a, b, bias = (torch.empty(shape, dtype=dtype) for shape in ((8, 16), (16, 8), (8,)))
             for search, example in ((addmm_bias, (a, b, bias)), (added_bias, (a, b, bias)),
                                     (without_bias, (a, b))):
-                pattern = pattern_matcher.gen_pattern(search, example, pattern_matcher.fwd_only)
-                if viewed:
-                    _also_reshape(pattern)
-                pattern_matcher.register_graph_pattern(
-                    pattern, extra_check=_fusable, pass_dict=patterns)(_replace_with_op(activation, viewed))
+                _register(patterns, search, example, viewed, _fusable, _replace_with_op(activation, viewed))
     return patterns
 
 
@@ -202,15 +213,9 @@ def _trace_gated_patterns() -> pattern_matcher.PatternMatcherPass:
     """act(gate) * mm(a, b), either operand order, the product perhaps viewed (nn.Linear on
     3-D input), for every activation and dtype: SwiGLU's silu(gate(x)) * up(x), GeGLU's."""
     patterns = pattern_matcher.PatternMatcherPass()
-    for activation, viewed in itertools.product(FUSED, (False, True)):
-        apply = functools.partial(activations.apply, activation=activation)
-        view = (lambda x: x.view(2, 4, 8)) if viewed else (lambda x: x)
+    for activation, viewed, apply, view in _variants():
         for dtype, search in itertools.product(SUPPORTED_DTYPES, _gated_searches(apply, view)):
             example = (torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype),
                        torch.empty((2, 4, 8) if viewed else (8, 8), dtype=dtype))
-            pattern = pattern_matcher.gen_pattern(search, example, pattern_matcher.fwd_only)
-            if viewed:
-                _also_reshape(pattern)
-            pattern_matcher.register_graph_pattern(
-                pattern, extra_check=_gated_fusable, pass_dict=patterns)(_replace_with_gated(activation, viewed))
+            _register(patterns, search, example, viewed, _gated_fusable, _replace_with_gated(activation, viewed))
     return patterns

@@ -25,7 +25,6 @@ import triton
 from torch import Tensor
 
 from tritonblas_ops import budget, interpreter, launch
-from tritonblas_ops import counters as counter_pool
 from tritonblas_ops import device as devices
 from tritonblas_ops.device import COUNTER_STRIDE
 from tritonblas_ops.config import TileConfig, select_config
@@ -126,10 +125,10 @@ class GroupedPlan:
 
 
 def _layout(t: Tensor) -> Operand:
-    """(batch, rows, columns) with batch stride 0 for a 2-D tensor (the kernel's convention)."""
-    if t.dim() == 2:
-        return Operand((1, *t.shape), (0, *t.stride()), t.element_size(), t.data_ptr() % 16 == 0)
-    return Operand(tuple(t.shape), tuple(t.stride()), t.element_size(), t.data_ptr() % 16 == 0)
+    """(batch, rows, columns) with batch stride 0 for a 2-D tensor (the kernel's convention:
+    along K the unit's batch is its group, which a 2-D operand must not move by)."""
+    operand = Operand.of(t, traced=False)
+    return dataclasses.replace(operand, stride=(0, *operand.stride[1:])) if t.dim() == 2 else operand
 
 
 def plan_grouped(a: Tensor, b: Tensor, c: Tensor, num_groups: int, *, config: TileConfig | None = None,
@@ -179,7 +178,7 @@ def plan_grouped(a: Tensor, b: Tensor, c: Tensor, num_groups: int, *, config: Ti
         input_precision="tf32" if a.dtype == torch.float32 and a.is_cuda and tf32_enabled() else "ieee",
         sizes=(m, n, k, num_groups), strides=(la.stride, lb.stride, lc.stride),
         groups_block=triton.next_power_of_2(num_groups + 1),
-        checked=launch.is_checked() and not (a.is_cuda and torch.cuda.is_current_stream_capturing()),
+        checked=launch.checking(a),
     )
 
 
@@ -198,17 +197,8 @@ def grouped_mm(a: Tensor, b: Tensor, offs: Tensor | None, *, unit_counts: Tensor
     c = a.new_empty(shape)
     plan = plan_grouped(a, b, c, num_groups, **knobs) if knobs else _cached_plan(a, b, c, num_groups)
     offs = offs if offs.is_contiguous() else offs.contiguous()
-    if a.device.type == "cpu":
-        with interpreter.LOCK:
-            counters = counter_pool.zeroed(plan.queue.numel, a.device)
-            try:
-                _launch(plan, a, b, c, offs, counters, unit_counts)
-            except BaseException:
-                counters[:plan.queue.numel].zero_()
-                raise
-        return c
-    with torch.cuda.device(a.device):
-        _launch(plan, a, b, c, offs, counter_pool.zeroed(plan.queue.numel, a.device), unit_counts)
+    launch.on_counters(plan.queue.numel, a.device,
+                       lambda counters: _launch(plan, a, b, c, offs, counters, unit_counts))
     return c
 
 
@@ -221,10 +211,9 @@ def _cached_plan(a: Tensor, b: Tensor, c: Tensor, num_groups: int) -> GroupedPla
     of host time a call saved): shapes, strides, dtype, device, the operands' 16-byte
     alignment, the group count, TF32, the shard setting, whether the launch is checked, and
     the SM budgets."""
-    checked = launch.is_checked() and not (a.is_cuda and torch.cuda.is_current_stream_capturing())
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(), a.data_ptr() % 16,
            b.data_ptr() % 16, num_groups, a.dtype == torch.float32 and tf32_enabled(), shard_setting(),
-           checked, budget.key(a.get_device()))
+           launch.checking(a), budget.key(a.get_device()))
     plan = _plans.get(key)
     if plan is None:
         plan = plan_grouped(a, b, c, num_groups)
@@ -235,10 +224,8 @@ def _cached_plan(a: Tensor, b: Tensor, c: Tensor, num_groups: int) -> GroupedPla
     return plan
 
 
-_checked_lock = threading.Lock()
-
-
 def _launch(plan: GroupedPlan, a, b, c, offs, counters, unit_counts) -> None:
+    """The kernel; a checked launch reads offs first, then checks as launch.py's do."""
     if not plan.checked:
         _launch_kernel(plan, a, b, c, offs, counters, unit_counts)
         return
@@ -247,19 +234,9 @@ def _launch(plan: GroupedPlan, a, b, c, offs, counters, unit_counts) -> None:
     found = offs_problems(ends, {"m": m, "n": n, "k": k}[plan.ragged])
     if found:
         raise RuntimeError(f"{OP}: offs must hold the groups' non-decreasing ends: {'; '.join(found)}")
-    numel = plan.queue.numel
-    with _checked_lock:
-        found = plan.queue.problems(counters[:numel].tolist())
-        if found:
-            counters[:numel].zero_()
-            raise RuntimeError(f"tritonblas_ops: counters found in an impossible state before a "
-                               f"launch (reset now): {'; '.join(found)}")
-        _launch_kernel(plan, a, b, c, offs, counters, unit_counts)
-        found = plan.queue.problems(counters[:numel].tolist(), tally=num_units(plan, ends))
-        counters[:numel].zero_()
-    if found:
-        raise RuntimeError(f"tritonblas_ops: a checked grouped launch of {plan.sizes} (M, N, K, groups) "
-                           f"went wrong: {'; '.join(found)}")
+    launch.launch_and_check(
+        plan.queue, counters, lambda: _launch_kernel(plan, a, b, c, offs, counters, unit_counts),
+        tally=num_units(plan, ends), what=f"a checked grouped launch of {plan.sizes} (M, N, K, groups)")
 
 
 def num_units(plan: GroupedPlan, ends: list[int]) -> int:

@@ -88,18 +88,23 @@ def ws_matmul(
     return execute(plan_for(a, b, bias, alpha, beta, knobs, activation=activation), a, b, bias, alpha, beta)[0]
 
 
+def checking(t: torch.Tensor) -> bool:
+    """Whether a launch on `t` now is checked: checked launches are on and no CUDA graph is
+    being captured (a capture cannot read counters back)."""
+    return _checked and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def plan_for(a, b, bias, alpha: float, beta: float, knobs: Knobs = Knobs(), *,
              out: torch.Tensor | None = None, activation: str = "none") -> LaunchPlan:
     """The plan of activation(alpha * a @ b + beta * bias) on these tensors (real or
     traced); `out`: a 3-D output view of another layout than a fresh one (tests)."""
     traced = is_fake(a)
-    capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
     return plan(
         Operand.of(a, traced=traced), Operand.of(b, traced=traced),
         Operand.bias(bias) if bias is not None else None,
         batched=a.dim() == 3, dtype=a.dtype, device=a.device,
         alpha_zero=alpha == 0, beta_zero=beta == 0, tf32=a.dtype == torch.float32 and tf32_enabled(),
-        knobs=knobs, traced=traced, checked=_checked and not traced and not capturing,
+        knobs=knobs, traced=traced, checked=not traced and checking(a),
         batch_invariant=settings.current().batch_invariant,
         max_programs=None if traced else budget.program_limit(a.device),
         live_budget=None if traced else budget.live_budget_word(a.device),
@@ -134,19 +139,26 @@ def execute(plan: LaunchPlan, a, b, bias, alpha: float, beta: float):
         compiled, args = launch_kernel(plan, a_arg, b_arg, out, bias_arg, torch.zeros(
             numel, dtype=torch.int32, device=a.device), partials, alpha, beta)
         return out, compiled, args
-    if a.device.type == "cpu":
-        with interpreter.LOCK:  # the buffer is shared: no other CPU launch until it is clean
-            counters = counter_pool.zeroed(numel, a.device)
+    launched = on_counters(numel, a.device, lambda counters: _checked_launch(
+        plan, a_arg, b_arg, out, bias_arg, counters, partials, alpha, beta))
+    return (out, *launched) if a.is_cuda else (out, None, None)
+
+
+def on_counters(numel: int, device: torch.device, launch):
+    """launch(counters) on the pool's zeroed counters for `device` (counters.py), returning
+    what it returns: on the CPU under the interpreter's lock (the buffer is shared: no other
+    CPU launch until it is clean), re-zeroed if the launch raised midway; on a GPU with the
+    device current (Triton launches there)."""
+    if device.type == "cpu":
+        with interpreter.LOCK:
+            counters = counter_pool.zeroed(numel, device)
             try:
-                _checked_launch(plan, a_arg, b_arg, out, bias_arg, counters, partials, alpha, beta)
+                return launch(counters)
             except BaseException:
                 counters[:numel].zero_()  # a launch that raised midway may have left some set
                 raise
-        return out, None, None
-    with fastpath.device_guard(a.device.index):  # Triton launches on the current device
-        counters = counter_pool.zeroed(numel, a.device)
-        return (out, *_checked_launch(plan, a_arg, b_arg, out, bias_arg, counters, partials,
-                                      alpha, beta))
+    with fastpath.device_guard(device.index):
+        return launch(counter_pool.zeroed(numel, device))
 
 
 def operands(plan: LaunchPlan, a, b, bias) -> tuple:
@@ -184,23 +196,27 @@ def _checked_launch(plan: LaunchPlan, a, b, c, bias, counters, partials, alpha, 
     one thread at a time: a buffer is shared by the launches of a stream)."""
     if not plan.checked:
         return launch_kernel(plan, a, b, c, bias, counters, partials, alpha, beta)
+    return launch_and_check(
+        plan.queue, counters, lambda: launch_kernel(plan, a, b, c, bias, counters, partials, alpha, beta),
+        tally=plan.queue.num_units, what=f"a checked launch of {plan.sizes} (M, N, K, batches)")
+
+
+def launch_and_check(queue, counters, launch, *, tally: int, what: str):
+    """launch(), with `queue`'s counters read back before and after it (by one thread at a
+    time: a buffer is shared by the launches of a stream); `tally`: the work units the
+    launch must count. Raises RuntimeError naming what was found, after zeroing them."""
+    numel = queue.numel
     with _checked_lock:
-        return _launch_and_check(plan, a, b, c, bias, counters, partials, alpha, beta)
-
-
-def _launch_and_check(plan: LaunchPlan, a, b, c, bias, counters, partials, alpha, beta):
-    queue, numel = plan.queue, plan.queue.numel
-    found = queue.problems(counters[:numel].tolist())
+        found = queue.problems(counters[:numel].tolist())
+        if found:
+            counters[:numel].zero_()
+            raise RuntimeError(f"tritonblas_ops: counters found in an impossible state before a "
+                               f"launch (reset now): {'; '.join(found)}")
+        launched = launch()
+        found = queue.problems(counters[:numel].tolist(), tally=tally)
+        counters[:numel].zero_()  # the tally, and anything left set
     if found:
-        counters[:numel].zero_()
-        raise RuntimeError(f"tritonblas_ops: counters found in an impossible state before a "
-                           f"launch (reset now): {'; '.join(found)}")
-    launched = launch_kernel(plan, a, b, c, bias, counters, partials, alpha, beta)
-    found = queue.problems(counters[:numel].tolist(), tally=queue.num_units)
-    counters[:numel].zero_()  # the tally, and anything left set
-    if found:
-        raise RuntimeError(f"tritonblas_ops: a checked launch of {plan.sizes} (M, N, K, batches) "
-                           f"went wrong: {'; '.join(found)}")
+        raise RuntimeError(f"tritonblas_ops: {what} went wrong: {'; '.join(found)}")
     return launched
 
 
@@ -313,7 +329,7 @@ def _plan_key(a, b, bias, alpha, beta, activation) -> tuple:
             None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16),
             a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
             a.dtype == torch.float32 and tf32_enabled(), shard_setting(),
-            _checked and not (a.is_cuda and torch.cuda.is_current_stream_capturing()),
+            checking(a),
             settings.current().batch_invariant, budget.key(a.get_device()), activation)
 
 

@@ -13,8 +13,9 @@ Which GEMMs are eligible is settings.py's (the routing settings).
 
 A routed GEMM becomes one of two things (settings' `path`):
 - "opaque" (default): a call of torch.ops.tritonblas.ws_mm / ws_addmm / ws_bmm (an Inductor
-  FallbackKernel; always so for ws_grouped_mm, whose tiles are counted on the GPU). The op plans its launch at run time, exactly as eagerly (TMA included),
-  and pays the op's host time per GEMM.
+  FallbackKernel; always so for ws_grouped_mm, whose tiles are counted on the GPU). The op
+  plans its launch at run time, exactly as eagerly (TMA included), and pays the op's host
+  time per GEMM.
 - "inline": the kernel itself, a user-defined Triton kernel in the generated code, launched
   as plan.py plans it for the operands' layouts, with Inductor allocating the output, the
   zeroed counters (one buffer for all GEMMs of a graph) and the split-K workspace as its own

@@ -121,23 +121,24 @@ def _check_bias(bias: Tensor, a: Tensor, b: Tensor, op: str = "ws_addmm", name: 
     )
 
 
+def _check_activation(op: str, activation: str) -> None:
+    _check(
+        activation in ACTIVATIONS,
+        lambda: f"{op}: activation must be one of {ACTIVATIONS}, got {activation!r}",
+    )
+
+
 def _check_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, activation: str) -> None:
     _check_operands("ws_mm_act", a, b, rank=2)
     if bias is not None:
         _check_bias(bias, a, b, "ws_mm_act")
-    _check(
-        activation in ACTIVATIONS,
-        lambda: f"ws_mm_act: activation must be one of {ACTIVATIONS}, got {activation!r}",
-    )
+    _check_activation("ws_mm_act", activation)
 
 
 def _check_mm_gated(a: Tensor, b: Tensor, gate: Tensor, activation: str) -> None:
     _check_operands("ws_mm_gated", a, b, rank=2)
     _check_bias(gate, a, b, "ws_mm_gated", "gate")
-    _check(
-        activation in ACTIVATIONS,
-        lambda: f"ws_mm_gated: activation must be one of {ACTIVATIONS}, got {activation!r}",
-    )
+    _check_activation("ws_mm_gated", activation)
 
 
 # ---------------------------------------------------------------------------------------
@@ -189,9 +190,9 @@ def _ws_addmm_backward(ctx, grad):
     return grad_bias, grad_a, grad_b
 
 
-def _ws_mm_act_setup(ctx, inputs, keyword_only_inputs, output):
-    a, b, bias = inputs
-    ctx.save_for_backward(a, b, bias)
+def _save_inputs_and_activation(ctx, inputs, keyword_only_inputs, output):
+    """ws_mm_act's (a, b, bias) or ws_mm_gated's (a, b, gate), and the activation."""
+    ctx.save_for_backward(*inputs)
     ctx.activation = keyword_only_inputs["activation"]
 
 
@@ -210,11 +211,6 @@ def _ws_mm_act_backward(ctx, grad):
     grad_b = torch.ops.tritonblas.ws_mm(a.mT, grad_product) if needs_b else None
     grad_bias = grad_product.sum_to_size(bias.shape) if needs_bias else None
     return grad_a, grad_b, grad_bias
-
-
-def _ws_mm_gated_setup(ctx, inputs, keyword_only_inputs, output):
-    ctx.save_for_backward(*inputs)
-    ctx.activation = keyword_only_inputs["activation"]
 
 
 def _ws_mm_gated_backward(ctx, grad):
@@ -424,7 +420,7 @@ def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
     return ws_matmul(a, b)
 
 
-@_triton_op("ws_mm_act", setup_context=_ws_mm_act_setup, backward=_ws_mm_act_backward,
+@_triton_op("ws_mm_act", setup_context=_save_inputs_and_activation, backward=_ws_mm_act_backward,
             tangent=_ws_mm_act_tangent)
 def ws_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, *, activation: str) -> Tensor:
     """activation(a @ b + bias) in one kernel: the epilogue applies the activation
@@ -437,7 +433,7 @@ def ws_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, *, activation: str) -> 
     return ws_matmul(a, b, bias, activation=activation)
 
 
-@_triton_op("ws_mm_gated", setup_context=_ws_mm_gated_setup, backward=_ws_mm_gated_backward,
+@_triton_op("ws_mm_gated", setup_context=_save_inputs_and_activation, backward=_ws_mm_gated_backward,
             tangent=_ws_mm_gated_tangent)
 def ws_mm_gated(a: Tensor, b: Tensor, gate: Tensor, *, activation: str) -> Tensor:
     """activation(gate) * (a @ b) in one kernel: a gated linear unit's product (SwiGLU is
