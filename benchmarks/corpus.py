@@ -51,6 +51,21 @@ def _train_8b() -> list[Shape]:
     return shapes
 
 
+def _models() -> list[Shape]:
+    """The GEMMs of benchmarks/models.py's blocks that the groups above lack, each forward
+    (T, out, in), input gradient (T, in, out) and weight gradient (in, out, T): the GPT-2
+    MLP (768 <-> 3072, 8192 tokens), the small Llama block (hidden 1024, FFN 2816, 4096
+    tokens), the 8B block's key/value and output projections, and its decode steps' key /
+    value projections (1 and 16 tokens). Routing policy "auto" predicts from these."""
+    gemms = {(8192, 3072, 768), (8192, 768, 3072), (768, 3072, 8192), (3072, 768, 8192),
+             (4096, 1024, 1024), (1024, 1024, 4096), (4096, 2816, 1024), (4096, 1024, 2816),
+             (1024, 2816, 4096), (2816, 1024, 4096),
+             (8192, 1024, 4096), (8192, 4096, 1024), (4096, 1024, 8192),
+             (8192, 4096, 4096), (4096, 4096, 8192),
+             (1, 1024, 4096), (16, 1024, 4096)}
+    return [_plain("models", *mnk) for mnk in sorted(gemms)]
+
+
 FULL = [
     *(Shape("square", f"sq{s}", s, s, s) for s in (1024, 2048, 4096, 6144, 8192, 16384)),
     *_llama(),
@@ -70,12 +85,14 @@ FULL = [
     *(_plain("skinny", *mnk) for mnk in ((64, 8192, 8192), (128, 8192, 8192), (16, 4096, 4096))),
     # The remaining rows of the probe table in METHOD.md, for comparison.
     *(_plain("design", *mnk) for mnk in ((4864, 8192, 4160), (4096, 14336, 4096))),
+    *_models(),
 ]
 
 _QUICK_NAMES = (
     "sq4096", "sq8192", "h4096_up_T16", "h4096_up_T2048", "h4096_down_T2048",
     "4096x14336x4096", "3000x5000x2000", "1000x1000x1000", "4095x4097x4093", "8192x1000x4096",
     "1024x1024x16384", "512x512x16384", "128x8192x8192", "8b_qkv_fwd", "8b_down_wgrad",
+    "8192x3072x768", "4096x2816x1024",
 )
 QUICK = [s for s in FULL if s.name in _QUICK_NAMES]
 

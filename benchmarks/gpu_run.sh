@@ -3,7 +3,8 @@
 #   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [models_small] [models_8b] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_moe]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
-# (AOTInductor compiles), bench ~1.5 min (51 shapes; 36 took ~1 min), contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
+# (AOTInductor compiles), bench ~2 min (68 shapes; 51 took ~1.5 min; merge its rows into benchmarks/results/
+# and run `python -m benchmarks.policy_table` to refresh policy "auto"'s measurements), contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
 # under a minute each (handoff, the live budget's wait with an idle floor: ~1 min); one device call may run 10 minutes. models_small and models_8b (benchmarks/models.py,
 # not in the default list) compile every variant per model, step and graph mode: ~15 s each (one llama_8b run),
 # so roughly 12 and 3 minutes; their stage times are not measured yet. `ab` (not in the default list) compares this tree
@@ -58,7 +59,7 @@ has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/h200_bf16.csv
 for group in small 8b; do
   if has models_$group; then
     [[ $group == small ]] && list=gpt2_mlp,llama_small,decode_8b_t1,decode_8b_t16 || list=llama_8b
-    python3 -m benchmarks.models --models $list --variants default,routed,routed_inline,routed_fused --held 0,16,33 \
+    python3 -m benchmarks.models --models $list --variants default,routed,routed_inline,routed_fused,routed_auto --held 0,16,33 \
       --out "$OUT/h200_models.csv" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/models_$group.log" | tail -40
   fi
 done

@@ -1,7 +1,8 @@
 """Compiled models, default Inductor against routing: the model-level benchmark.
 
     python -m benchmarks.models [--models gpt2_mlp,llama_small,llama_8b,decode_8b_t1,decode_8b_t16]
-        [--variants default,max_autotune,routed,routed_inline,routed_fused] [--steps forward,train]
+        [--variants default,max_autotune,routed,routed_inline,routed_fused,routed_auto]
+        [--steps forward,train]
         [--graphs off,on] [--held 0,16,33] [--trials 7] [--out benchmarks/results/h200_models.csv]
 
 Models (bf16, one block each, weights from one seed):
@@ -17,7 +18,8 @@ Variants: `default` (Inductor, routing off), `max_autotune` (Inductor's GEMM aut
 routing off), `routed` (every GEMM the lowering takes goes to the kernel: policy "all",
 the op call), `routed_inline` (the same, the kernel itself in the generated code),
 `routed_fused` (`routed` with epilogue fusion: a GEMM and its activation, or a GLU's product,
-as one op call).
+as one op call), `routed_auto` (epilogue fusion under policy "auto": only the GEMMs, fused or
+not, the kernel is predicted to run at least as fast as Inductor's choice).
 Steps: `forward` (inference, no_grad) and `train` (forward + backward, no optimizer).
 `--graphs on` compiles with CUDA graphs (Inductor's cudagraph trees, as mode="reduce-overhead").
 
@@ -53,7 +55,7 @@ except ImportError:  # the progress bar is a nicety
     def tqdm(iterable, **_):
         return iterable
 
-VARIANTS = ("default", "max_autotune", "routed", "routed_inline", "routed_fused")
+VARIANTS = ("default", "max_autotune", "routed", "routed_inline", "routed_fused", "routed_auto")
 STEPS = ("forward", "train")
 SAFETY = 2.0  # hog duration over the expected window, in its slowest (held) case
 ATTEMPTS = 4
@@ -169,8 +171,9 @@ def backend(variant: str, graphs: bool):
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     routed = variant.startswith("routed")
-    state = dict(enabled=routed, policy="all", path="inline" if variant == "routed_inline" else "opaque",
-                 fuse_epilogues=variant == "routed_fused")
+    state = dict(enabled=routed, policy="auto" if variant == "routed_auto" else "all",
+                 path="inline" if variant == "routed_inline" else "opaque",
+                 fuse_epilogues=variant in ("routed_fused", "routed_auto"))
     patches = {"max_autotune": variant == "max_autotune", "triton.cudagraphs": graphs}
 
     def inner_compile(*args, **kwargs):

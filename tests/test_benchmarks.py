@@ -224,3 +224,11 @@ def test_grouped_moe_layer_smoke_run_times_default_and_routed(tmp_path):
     assert {(r["model"], r["step"], r["variant"]) for r in rows} == {
         ("moe_tiny_t16", "train", variant) for variant in ("default", "routed")}
     assert all(float(r["p50_ms"]) > 0 and float(r["rel_err"]) < 1e-2 for r in rows)
+
+
+def test_policy_measurements_are_the_recorded_runs():
+    """tritonblas_ops/measured.py is what `python -m benchmarks.policy_table` writes from
+    benchmarks/results/ now: a new corpus run without regenerating it fails here."""
+    from benchmarks import policy_table
+
+    assert policy_table.MODULE.read_text() == policy_table.module_text()

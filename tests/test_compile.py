@@ -8,6 +8,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from tritonblas_ops.activations import SLOPES
 from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.kernel import ws_matmul_kernel
 
@@ -70,3 +71,12 @@ def test_gemm_kernel_compiles(use_tma, split_k, work_stealing):
     else:
         constants.update(a_desc=None, b_desc=None, c_desc=None)
     assert compile_for_hopper(ws_matmul_kernel, constants, descriptors).asm["ptx"]
+
+
+@pytest.mark.parametrize("activation", SLOPES)
+def test_every_slope_gate_compiles(activation):
+    """The backward's fused epilogues: a GEMM's product times an activation's slope."""
+    constants = dict(TILE, SPLIT_K=1, K_CHUNKS=1, SUM_ROWS=32, WORK_STEALING=True, INT64_INDEX=False,
+                     USE_TMA=False, A_ROW_MAJOR=True, B_ROW_MAJOR=True, TMA_STORE=False, ACTIVATION=activation,
+                     GATE=True, unit_counts_ptr=None, partials_ptr=None, a_desc=None, b_desc=None, c_desc=None)
+    assert compile_for_hopper(ws_matmul_kernel, constants, {}).asm["ptx"]

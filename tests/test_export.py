@@ -102,6 +102,7 @@ AOTI_COMPILE = """
     import torch
     if {routed}:
         import tritonblas_ops  # routing on
+        tritonblas_ops.set_policy("all")  # these small GEMMs too
 
     device, dtype = {device!r}, {dtype}
     if {routed} and device == "cpu":  # CPU GEMMs are routed only on request

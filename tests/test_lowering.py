@@ -7,6 +7,7 @@ path's code generation is checked against a stand-in CUDA target, without runnin
 The `gpu` tests run both paths for real.
 """
 
+import copy
 import dataclasses
 import importlib.metadata
 import json
@@ -31,7 +32,7 @@ import tritonblas_ops
 from tritonblas_ops import _compat, activations, settings
 from tritonblas_ops import device as devices
 from tritonblas_ops import lowering as R
-from tritonblas_ops.settings import RoutingSettings
+from tritonblas_ops.settings import Policy, RoutingSettings
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, rel_error
 from tiles import m_dependent_tiles  # noqa: F401  (a fixture)
 
@@ -58,11 +59,12 @@ def backward_code(out) -> str:
 
 @pytest.fixture(autouse=True)
 def fresh_state():
-    """Every test starts from the default routing settings (CPU tensors ineligible) and ends
-    with them restored, with the compiled-code caches off (a hit would skip the lowering
-    under test) and no compiled frames left over."""
+    """Every test starts from the default routing settings under policy "all" (every
+    eligible GEMM routed; CPU tensors ineligible) and ends with them restored, with the
+    compiled-code caches off (a hit would skip the lowering under test) and no compiled
+    frames left over."""
     before = settings.current()
-    settings.restore(RoutingSettings())
+    settings.restore(RoutingSettings(policy=Policy.ALL))
     try:
         with torch._inductor.config.patch(fx_graph_cache=False), \
                 torch._functorch.config.patch(enable_autograd_cache=False):
@@ -196,22 +198,22 @@ def test_cpu_tensors_are_not_eligible_by_default():
     assert routed_calls(code) == []
 
 
-def test_auto_policy_thresholds():
-    """The "auto" table against the H200 rows it was read from (benchmarks/RESULTS.md)."""
-    assert R._auto_routes(1, 8192, 8192, 8192)
-    assert R._auto_routes(1, 4864, 8192, 4160)
-    assert R._auto_routes(1, 4096, 14336, 4096)
-    assert R._auto_routes(1, 2048, 4096, 14336)
-    assert not R._auto_routes(1, 1000, 1000, 1000)  # launch-bound
-    assert not R._auto_routes(1, 2048, 2048, 2048)  # host-bound
-    assert not R._auto_routes(1, 128, 8192, 8192)  # skinny
-    assert not R._auto_routes(1, 1024, 1024, 16384)  # K-heavy, fewer tiles than SMs
-    assert not R._auto_routes(1, 3000, 5000, 2000)  # N not a multiple of 16
+def test_shared_policy_thresholds():
+    """The "shared" rule against the H200 rows it was read from (benchmarks/RESULTS.md)."""
+    assert R._shared_routes(1, 8192, 8192, 8192)
+    assert R._shared_routes(1, 4864, 8192, 4160)
+    assert R._shared_routes(1, 4096, 14336, 4096)
+    assert R._shared_routes(1, 2048, 4096, 14336)
+    assert not R._shared_routes(1, 1000, 1000, 1000)  # launch-bound
+    assert not R._shared_routes(1, 2048, 2048, 2048)  # host-bound
+    assert not R._shared_routes(1, 128, 8192, 8192)  # skinny
+    assert not R._shared_routes(1, 1024, 1024, 16384)  # K-heavy, fewer tiles than SMs
+    assert not R._shared_routes(1, 3000, 5000, 2000)  # N not a multiple of 16
 
 
-def test_auto_policy_leaves_small_gemms_to_inductor(cpu_routing):
-    tritonblas_ops.set_policy("auto")
-    assert tritonblas_ops.get_policy() == "auto"
+def test_shared_policy_leaves_small_gemms_to_inductor(cpu_routing):
+    tritonblas_ops.set_policy("shared")
+    assert tritonblas_ops.get_policy() == "shared"
     _, code = compile_and_run(torch.mm, randn(8, 12), randn(12, 16))
     assert routed_calls(code) == []
     with pytest.raises(ValueError):
@@ -744,6 +746,50 @@ def test_fused_glu_becomes_one_gated_gemm(cpu_routing, leading, activation, gate
     assert f"activation='{activation}'" in fused_code
 
 
+class Activation(torch.nn.Module):
+    def __init__(self, activation: str):
+        super().__init__()
+        self.activation = activation
+
+    def forward(self, x):
+        return activations.apply(x, self.activation)
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "silu"])
+@pytest.mark.parametrize("leading", [(32,), (2, 16)])
+def test_a_training_backward_fuses_the_activations_backward(cpu_routing, leading, activation):
+    """fuse_epilogues(True) on a training step: the backward's GEMM into the activation and
+    the activation's backward become one ws_mm_gated(dy, w, h, activation="d_<act>"), h the
+    saved pre-activation; fewer C++ kernels; gradients within fp32 tolerance of float64 and
+    bitwise run to run."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 48), Activation(activation), torch.nn.Linear(48, 16))
+    x = randn(*leading, 16)
+
+    def step(compiled):
+        model.zero_grad()
+        out, codes = run_and_get_code(lambda: compiled(x).square().sum().backward())
+        return [p.grad.clone() for p in model.parameters()], codes[-1]
+
+    torch._dynamo.reset()
+    plain, plain_backward = step(torch.compile(model))
+    tritonblas_ops.fuse_epilogues(True)
+    torch._dynamo.reset()
+    fused, fused_backward = step(torch.compile(model))
+    again, _ = step(torch.compile(model))
+    # Two weight gradients and the gradient into the activation (x needs none).
+    assert sorted(routed_calls(plain_backward)) == ["ws_mm"] * 3
+    assert sorted(routed_calls(fused_backward)) == ["ws_mm"] * 2 + ["ws_mm_gated"]
+    assert f"activation='d_{activation}'" in fused_backward
+    assert len(CPP_KERNEL.findall(fused_backward)) < len(CPP_KERNEL.findall(plain_backward))
+    reference = copy.deepcopy(model).double()
+    reference(x.double()).square().sum().backward()
+    for got, unfused, want in zip(fused, plain, reference.parameters()):
+        assert_matches(got, want.grad, REL_TOLERANCE[torch.float32])
+        assert_matches(unfused, want.grad, REL_TOLERANCE[torch.float32])
+    assert all(torch.equal(g, a) for g, a in zip(fused, again))
+
+
 def test_fused_glu_in_the_inline_form():
     """Under the inline path the gated GEMM is the kernel itself with GATE set and the
     gate as its bias operand (code generation only)."""
@@ -818,6 +864,36 @@ def test_gpu_fused_epilogues(path, model):
     else:
         assert _inline_fused(code, fused_activations, gates)
     assert rel_error(fused, reference) <= rel_error(plain, reference) + 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["opaque", "inline"])
+def test_gpu_training_backward_fuses_the_activations_backward(path):
+    """bf16 at real sizes: the GELU MLP's backward GEMM into the activation carries
+    GELU's slope in its epilogue; the gradients are as close to float64 as unfused."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), Activation("gelu_tanh"), torch.nn.Linear(4096, 1024))
+    model = model.cuda().to(torch.bfloat16)
+    x = randn(4, 512, 1024, dtype=torch.bfloat16, device="cuda")
+    settings.update(path=path)
+
+    def grads():
+        torch._dynamo.reset()
+        model.zero_grad()
+        _, codes = run_and_get_code(lambda: torch.compile(model)(x).float().square().sum().backward())
+        return [p.grad.clone() for p in model.parameters()], codes[-1]
+
+    plain, _ = grads()
+    tritonblas_ops.fuse_epilogues(True)
+    fused, backward = grads()
+    if path == "opaque":
+        assert "activation='d_gelu_tanh'" in backward
+    else:
+        assert re.findall(r"'GATE': (\w+)", backward).count("True") == 1
+    reference = copy.deepcopy(model).double()
+    reference(x.double()).square().sum().backward()
+    for got, unfused, want in zip(fused, plain, reference.parameters()):
+        assert rel_error(got, want.grad) <= rel_error(unfused, want.grad) + 1e-2
 
 
 def test_fusion_leaves_gemms_whose_output_the_backward_needs(cpu_routing):

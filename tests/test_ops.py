@@ -1,6 +1,8 @@
 """torch.ops.tritonblas.*: opcheck, autograd, aten semantics, and clear errors on bad input.
 CPU tensors run the real kernel through Triton's interpreter."""
 
+import functools
+
 import pytest
 import torch
 from torch.library import opcheck
@@ -37,6 +39,10 @@ def op_cases():
     yield "ws_mm_gated", (a, b, torch.randn(19, 29)), {"activation": "silu"}
     yield "ws_mm_gated", (transposed(a), b, torch.randn(19, 29)), {"activation": "gelu_tanh"}
     yield "ws_mm_gated", (a, transposed(b), bias), {"activation": "gelu"}
+    # Activations' backward fed by a GEMM: the gate is the forward's input.
+    yield "ws_mm_gated", (a, b, torch.randn(19, 29)), {"activation": "d_gelu_tanh"}
+    yield "ws_mm_gated", (transposed(a), b, torch.randn(19, 29)), {"activation": "d_silu"}
+    yield "ws_mm_gated", (a, transposed(b), torch.randn(19, 29)), {"activation": "d_gelu"}
 
 
 def mm_act(a, b, bias, *, activation):
@@ -45,8 +51,13 @@ def mm_act(a, b, bias, *, activation):
 
 
 def mm_gated(a, b, gate, *, activation):
-    """ws_mm_gated's meaning in aten ops."""
-    return activations.apply(gate, activation) * torch.mm(a, b)
+    """ws_mm_gated's meaning in aten ops: with a slope, torch's backward of the activation
+    at the gate, the product its incoming gradient."""
+    product = torch.mm(a, b)
+    if activation in activations.SLOPES:
+        forward = functools.partial(activations.apply, activation=activation.removeprefix("d_"))
+        return torch.func.vjp(forward, gate)[1](product)[0]
+    return activations.apply(gate, activation) * product
 
 
 ATEN = {"ws_mm": torch.mm, "ws_addmm": torch.addmm, "ws_bmm": torch.bmm, "ws_mm_act": mm_act,
@@ -203,6 +214,8 @@ def jvp_cases():
     yield "ws_mm_act", mm_act, (a, b), {"bias": None, "activation": "silu"}
     yield "ws_mm_gated", mm_gated, (a, b, torch.randn(19, 29)), {"activation": "silu"}
     yield "ws_mm_gated", mm_gated, (a, b, bias), {"activation": "gelu"}
+    yield "ws_mm_gated", mm_gated, (a, b, torch.randn(19, 29)), {"activation": "d_gelu"}
+    yield "ws_mm_gated", mm_gated, (a, b, torch.randn(19, 29)), {"activation": "d_silu"}
 
 
 @pytest.mark.parametrize("case", list(jvp_cases()), ids=lambda case: case[0])

@@ -26,7 +26,7 @@ import torch
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-import tritonblas_ops  # noqa: F401  (registers the ops; routing is on from here)
+import tritonblas_ops  # registers the ops; routing is on from here
 from tritonblas_ops import device as devices
 from tritonblas_ops import interpreter, launch
 from tritonblas_ops.config import TileConfig
@@ -266,7 +266,8 @@ def test_reduce_overhead_compile_of_a_linear_model():
     try:
         # Caches off: a cache hit would skip the code generation that shows the routing.
         with torch._inductor.config.patch(fx_graph_cache=False), \
-                torch._functorch.config.patch(enable_autograd_cache=False), torch.no_grad():
+                torch._functorch.config.patch(enable_autograd_cache=False), torch.no_grad(), \
+                tritonblas_ops.routing(True, policy="all"):  # these small GEMMs too
             _, codes = run_and_get_code(compiled, randn(200, 512, dtype=torch.bfloat16, device="cuda"))
             routed = re.findall(r"torch\.ops\.tritonblas\.(ws_\w+)\.default\(|\b(ws_matmul_kernel)_\d+\.run\(",
                                 "\n".join(codes))

@@ -20,11 +20,12 @@ def test_public_switches_change_the_one_settings_object():
     tritonblas_ops.disable()
     assert not tritonblas_ops.is_enabled() and not settings.current().enabled
     tritonblas_ops.enable()
-    tritonblas_ops.set_policy("auto")
+    assert tritonblas_ops.get_policy() == "auto"  # the default
+    tritonblas_ops.set_policy("shared")
     tritonblas_ops.route_cpu(True)
-    assert settings.current() == RoutingSettings(policy=Policy.AUTO, cpu=True)
-    assert tritonblas_ops.get_policy() == "auto"
-    with pytest.raises(ValueError, match="policy must be one of 'all', 'auto', got 'fastest'"):
+    assert settings.current() == RoutingSettings(policy=Policy.SHARED, cpu=True)
+    assert tritonblas_ops.get_policy() == "shared"
+    with pytest.raises(ValueError, match="policy must be one of 'auto', 'shared', 'all', got 'fastest'"):
         tritonblas_ops.set_policy("fastest")
 
 

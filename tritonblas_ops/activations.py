@@ -7,10 +7,15 @@ import torch
 import torch.nn.functional as F
 
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+# The activations' slopes, as gate functions only: d_gelu(h) * (dy @ w) is GELU's backward
+# whose incoming gradient is a GEMM's output (h: the pre-activation). Not ReLU's: its
+# backward reads the boolean mask the forward saved.
+SLOPES = ("d_gelu", "d_gelu_tanh", "d_silu")
+GATE_FUNCTIONS = ACTIVATIONS + SLOPES
 # What a launch's epilogue may do: an activation of the product (plus bias), or, gated, the
-# product times an activation of the bias operand, the gate (a GLU: SwiGLU is "gate_silu").
+# product times a gate function of the bias operand, the gate (a GLU: SwiGLU is "gate_silu").
 GATE_PREFIX = "gate_"
-EPILOGUES = ACTIVATIONS + tuple(GATE_PREFIX + name for name in ACTIVATIONS)
+EPILOGUES = ACTIVATIONS + tuple(GATE_PREFIX + name for name in GATE_FUNCTIONS)
 
 
 def split_epilogue(epilogue: str) -> tuple[str, bool]:
@@ -30,7 +35,10 @@ def epilogue(product: torch.Tensor, bias: torch.Tensor | None, beta: float, name
 
 
 def apply(x: torch.Tensor, activation: str) -> torch.Tensor:
-    """activation(x), as torch.nn.functional defines it."""
+    """activation(x), as torch.nn.functional defines it (a slope: its activation's
+    derivative)."""
+    if activation in SLOPES:
+        return derivative(x, activation.removeprefix("d_"))
     if activation == "relu":
         return F.relu(x)
     if activation == "gelu":
@@ -45,7 +53,10 @@ def apply(x: torch.Tensor, activation: str) -> torch.Tensor:
 
 
 def derivative(x: torch.Tensor, activation: str) -> torch.Tensor:
-    """d activation / dx at x (relu's at 0 is 0, as autograd's)."""
+    """d activation / dx at x (relu's at 0 is 0, as autograd's; a slope's: its activation's
+    second derivative)."""
+    if activation in SLOPES:
+        return _second_derivative(x, activation.removeprefix("d_"))
     if activation == "relu":
         return (x > 0).to(x.dtype)
     if activation == "gelu":
@@ -60,4 +71,18 @@ def derivative(x: torch.Tensor, activation: str) -> torch.Tensor:
         return sigmoid * (1 + x * (1 - sigmoid))
     if activation == "none":
         return torch.ones_like(x)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def _second_derivative(x: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "gelu":
+        return torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi) * (2 - x * x)
+    if activation == "gelu_tanh":
+        c, a = math.sqrt(2 / math.pi), 0.044715
+        tanh = torch.tanh(c * (x + a * x**3))
+        inner_slope = c * (1 + 3 * a * x * x)
+        return (1 - tanh**2) * (inner_slope + 0.5 * x * (6 * a * c * x - 2 * tanh * inner_slope**2))
+    if activation == "silu":
+        sigmoid = torch.sigmoid(x)
+        return sigmoid * (1 - sigmoid) * (2 + x * (1 - 2 * sigmoid))
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")

@@ -2,7 +2,9 @@
 GEMM and the activation that is its only reader become one torch.ops.tritonblas.ws_mm_act
 call, whose kernel applies the activation in its epilogue; and a gated linear unit's
 act(gate) * (x @ w_up), the GEMM's output read only by the product, becomes one
-ws_mm_gated call, whose epilogue multiplies by the activated gate.
+ws_mm_gated call, whose epilogue multiplies by the activated gate; so does a training
+backward's GELU or SiLU backward of a GEMM's output (the gradient into the activation),
+whose epilogue multiplies by the activation's slope at the saved pre-activation.
 
 A post-grad pass, run by lowering's cache-key pass (so the setting is in the compiled-code
 cache keys). Post-grad graphs hold activations as Inductor's decompositions leave them
@@ -12,7 +14,8 @@ dtype: mm(a, b), addmm(bias, a, b) or mm(a, b) + bias, perhaps viewed (an nn.Lin
 3-D input views its 2-D GEMM back), then relu, gelu, gelu(approximate="tanh") or silu.
 The pattern matcher replaces a match only where no node outside it reads the GEMM's
 output: in a training graph the forward's GEMM output is saved for the backward, so those
-GEMMs stay unfused (the op would have to write the pre-activation as well).
+GEMMs stay unfused (the op would have to write the pre-activation as well), except before
+a ReLU, whose backward reads the boolean mask the forward saved instead.
 """
 
 import functools
@@ -41,8 +44,9 @@ def fuse(graph: torch.fx.Graph) -> int:
 
 
 def _routes(a, b, bias) -> bool:
-    """Whether routing takes this GEMM (lowering's rules, on the nodes' example values): the
-    fused op must not take a GEMM that routing would leave to Inductor."""
+    """Whether routing takes this GEMM with an epilogue fused into it (lowering's rules, on
+    the nodes' example values): the fused op must not take a GEMM that routing would leave
+    to Inductor."""
     from tritonblas_ops import lowering  # imports this module
 
     values = [node.meta.get("val") for node in (a, b, bias) if node is not None]
@@ -53,7 +57,7 @@ def _routes(a, b, bias) -> bool:
         return False  # an add of another shape after the GEMM: not an epilogue's bias
     m, n, k = (_hint(size) for size in (m, n, k))
     # A size without a hint counts as 0: nothing routed.
-    return lowering.routable([v.device for v in values], [v.dtype for v in values], 1, m, n, k)
+    return lowering.routable([v.device for v in values], [v.dtype for v in values], 1, m, n, k, fused=True)
 
 
 def _hint(size) -> int:
@@ -209,12 +213,40 @@ def _gated_searches(apply, view):
     return gate_first, product_first
 
 
+# An activation's backward as AOTAutograd writes it, by the slope ws_mm_gated multiplies with.
+_BACKWARDS = {
+    "d_gelu": lambda grad, x: torch.ops.aten.gelu_backward(grad, x),
+    "d_gelu_tanh": lambda grad, x: torch.ops.aten.gelu_backward(grad, x, approximate="tanh"),
+    "d_silu": lambda grad, x: torch.ops.aten.silu_backward(grad, x),
+}
+
+
+def _slope_searches():
+    """(slope, viewed, search) of every activation's backward whose incoming gradient is a
+    GEMM's output, perhaps viewed (the backward of a Linear on 3-D input)."""
+    for slope, viewed in itertools.product(activations.SLOPES, (False, True)):
+        yield slope, viewed, _slope_search(_BACKWARDS[slope], viewed)
+
+
+def _slope_search(backward, viewed: bool):
+    """The search function (its parameters name the pattern's inputs)."""
+    def search(a, b, gate):
+        product = torch.mm(a, b)
+        return backward(product.view(2, 4, 8) if viewed else product, gate)
+
+    return search
+
+
 def _trace_gated_patterns() -> pattern_matcher.PatternMatcherPass:
     """act(gate) * mm(a, b), either operand order, the product perhaps viewed (nn.Linear on
-    3-D input), for every activation and dtype: SwiGLU's silu(gate(x)) * up(x), GeGLU's."""
+    3-D input), for every activation and dtype: SwiGLU's silu(gate(x)) * up(x), GeGLU's;
+    and an activation's backward of a GEMM's output (the backward GEMM into a GELU or SiLU), which is the product times the activation's slope at the gate (not ReLU's, which
+    reads the boolean mask its forward saved)."""
     patterns = pattern_matcher.PatternMatcherPass()
-    for activation, viewed, apply, view in _variants():
-        for dtype, search in itertools.product(SUPPORTED_DTYPES, _gated_searches(apply, view)):
+    searches = [(activation, viewed, search) for activation, viewed, apply, view in _variants()
+                for search in _gated_searches(apply, view)]
+    for activation, viewed, search in searches + list(_slope_searches()):
+        for dtype in SUPPORTED_DTYPES:
             example = (torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype),
                        torch.empty((2, 4, 8) if viewed else (8, 8), dtype=dtype))
             _register(patterns, search, example, viewed, _gated_fusable, _replace_with_gated(activation, viewed))

@@ -272,7 +272,8 @@ def _slice_sum(partials_ptr, tile, row0, SPLIT_K: tl.constexpr, ROWS: tl.constex
 def _activation(x, ACTIVATION: tl.constexpr):
     """The epilogue's activation of fp32 x, as torch defines it: "none", "relu", "gelu"
     (erf), "gelu_tanh" (tanh(z) as 1 - 2 / (exp(2z) + 1): Triton has no tanh of its own,
-    and this form saturates cleanly at both ends), "silu"."""
+    and this form saturates cleanly at both ends), "silu"; or, as a gate, the slope of one
+    (activations.SLOPES, as torch's backward computes it)."""
     if ACTIVATION == "relu":
         x = tl.maximum(x, 0.0)
     elif ACTIVATION == "gelu":
@@ -282,6 +283,15 @@ def _activation(x, ACTIVATION: tl.constexpr):
         x = 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
     elif ACTIVATION == "silu":
         x = x * tl.sigmoid(x)
+    elif ACTIVATION == "d_gelu":
+        x = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476)) + x * 0.3989422804014327 * tl.exp(-0.5 * x * x)
+    elif ACTIVATION == "d_gelu_tanh":
+        z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)
+        x = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * x * x)
+    elif ACTIVATION == "d_silu":
+        s = tl.sigmoid(x)
+        x = s * (1.0 + x * (1.0 - s))
     else:
         tl.static_assert(ACTIVATION == "none", "unknown activation")
     return x

@@ -56,9 +56,8 @@ from torch._inductor import lowering as inductor_lowering
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch._inductor.virtualized import V
 
-from tritonblas_ops import _compat, fusion, settings
+from tritonblas_ops import _compat, fusion, policy, settings
 from tritonblas_ops.activations import GATE_PREFIX, split_epilogue
-from tritonblas_ops.config import INVARIANT_PREFILL_M
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES
 from tritonblas_ops.plan import Operand, OperandCopy, Outcome, plan, tf32_enabled
@@ -72,14 +71,10 @@ L = inductor_lowering.lowerings
 # ---------------------------------------------------------------------------------------
 
 
-def _auto_routes(batches: int, m: int, n: int, k: int) -> bool:
-    """Policy "auto": whether the kernel is expected to come within ~10% of cuBLAS alone
+def _shared_routes(batches: int, m: int, n: int, k: int) -> bool:
+    """Policy "shared": whether the kernel is expected to come within ~10% of cuBLAS alone
     (and so beat it once other work holds SMs): on the H200 bf16 corpus every aligned shape
-    with M, N >= 2048 did, smaller or unaligned ones lost (benchmarks/NOTES.md step 3).
-    Batch-invariant: decided as for INVARIANT_PREFILL_M rows, so whether a GEMM is routed does
-    not depend on M either."""
-    if settings.current().batch_invariant:
-        batches, m = 1, INVARIANT_PREFILL_M
+    with M, N >= 2048 did, smaller or unaligned ones lost (benchmarks/NOTES.md step 3)."""
     return (
         batches * m * n * k >= 2**34  # smaller: bound by the host's time per call
         and m >= 2048
@@ -106,10 +101,12 @@ def _eligible(a, b, bias, rank: int) -> bool:
             and _cache_key_installed())
 
 
-def routable(devices: list, dtypes: list, batches: int, m: int, n: int, k: int) -> bool:
+def routable(devices: list, dtypes: list, batches: int, m: int, n: int, k: int, *,
+             fused: bool = False, grouped: bool = False) -> bool:
     """The routing rules on what a GEMM's operands are (their devices and dtypes, the first
     A's) and its size hints: one supported dtype on one CUDA device (or the CPU with
-    settings' cpu), something to compute, and policy "auto"'s shapes."""
+    settings' cpu), something to compute, and the policy's choice (`fused`: an epilogue
+    fusion would take its activation or gated product; `grouped`: a grouped GEMM)."""
     state = settings.current()
     device = devices[0]
     if device is None or device.type not in ("cuda", "cpu") or (device.type == "cpu" and not state.cpu):
@@ -120,7 +117,14 @@ def routable(devices: list, dtypes: list, batches: int, m: int, n: int, k: int) 
         return False
     if batches * m * n == 0:
         return False  # nothing to compute
-    return state.policy is not Policy.AUTO or _auto_routes(batches, m, n, k)
+    # Batch invariance needs every GEMM on the kernel, whatever its M: cuBLAS picks its
+    # reduction order by M.
+    if state.policy is Policy.ALL or state.batch_invariant:
+        return True
+    if state.policy is Policy.SHARED:
+        return _shared_routes(batches, m, n, k)
+    return policy.faster(device, dtypes[0], batches, m, n, k, fused=fused, grouped=grouped,
+                         tf32=tf32_enabled())
 
 
 def _cache_key_installed() -> bool:
@@ -317,7 +321,7 @@ def _route_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, layout
     if len(a_sizes) == len(b_sizes) == 2:
         batches, k = hint(offs.get_size()[0]), k // max(hint(offs.get_size()[0]), 1)
     devices = [t.get_device() for t in (mat_a, mat_b)]
-    if not routable(devices, [mat_a.get_dtype(), mat_b.get_dtype()], batches, m, n, k):
+    if not routable(devices, [mat_a.get_dtype(), mat_b.get_dtype()], batches, m, n, k, grouped=True):
         return None
     return _emit_opaque(torch.ops.tritonblas.ws_grouped_mm.default, mat_a, mat_b, offs)
 

@@ -20,7 +20,7 @@ from torch.autograd import forward_ad
 from torch.library import triton_op
 
 from tritonblas_ops import activations, fastpath
-from tritonblas_ops.activations import ACTIVATIONS
+from tritonblas_ops.activations import ACTIVATIONS, GATE_FUNCTIONS
 from tritonblas_ops.launch import ws_matmul
 from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
 
@@ -121,10 +121,10 @@ def _check_bias(bias: Tensor, a: Tensor, b: Tensor, op: str = "ws_addmm", name: 
     )
 
 
-def _check_activation(op: str, activation: str) -> None:
+def _check_activation(op: str, activation: str, allowed: tuple = ACTIVATIONS) -> None:
     _check(
-        activation in ACTIVATIONS,
-        lambda: f"{op}: activation must be one of {ACTIVATIONS}, got {activation!r}",
+        activation in allowed,
+        lambda: f"{op}: activation must be one of {allowed}, got {activation!r}",
     )
 
 
@@ -138,7 +138,7 @@ def _check_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, activation: str) ->
 def _check_mm_gated(a: Tensor, b: Tensor, gate: Tensor, activation: str) -> None:
     _check_operands("ws_mm_gated", a, b, rank=2)
     _check_bias(gate, a, b, "ws_mm_gated", "gate")
-    _check_activation("ws_mm_gated", activation)
+    _check_activation("ws_mm_gated", activation, GATE_FUNCTIONS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -438,7 +438,10 @@ def ws_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, *, activation: str) -> 
 def ws_mm_gated(a: Tensor, b: Tensor, gate: Tensor, *, activation: str) -> Tensor:
     """activation(gate) * (a @ b) in one kernel: a gated linear unit's product (SwiGLU is
     activation "silu"), the gate (broadcastable to the output, like a bias) read by the
-    epilogue. What epilogue fusion puts in place of the second GEMM of a GLU and the product."""
+    epilogue; with a slope ("d_gelu", "d_gelu_tanh", "d_silu") an activation's
+    backward whose incoming gradient is a GEMM (d_gelu(h) * (dy @ w)). What epilogue fusion
+    puts in place of a GLU's second GEMM and the product, or of a backward GEMM and the
+    activation's backward."""
     _check_mm_gated(a, b, gate, activation)
     if a.device.type == "cpu" and is_fake(a):
         return activations.apply(gate, activation) * torch.mm(a, b)

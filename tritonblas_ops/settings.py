@@ -16,10 +16,10 @@ import os
 import threading
 
 ROUTING_ENV = "TRITONBLAS_OPS_ROUTING"  # on by default; 0 / false / off / no turn it off
-POLICY_ENV = "TRITONBLAS_OPS_POLICY"  # "all" (default) or "auto"
+POLICY_ENV = "TRITONBLAS_OPS_POLICY"  # "auto" (default), "shared" or "all"
 PATH_ENV = "TRITONBLAS_OPS_ROUTING_PATH"  # "opaque" (default) or "inline"
 BATCH_INVARIANT_ENV = "TRITONBLAS_OPS_BATCH_INVARIANT"  # off by default
-FUSE_EPILOGUES_ENV = "TRITONBLAS_OPS_FUSE_EPILOGUES"  # off by default (not yet timed on a GPU)
+FUSE_EPILOGUES_ENV = "TRITONBLAS_OPS_FUSE_EPILOGUES"  # off by default (gated and backward forms: no GPU run yet)
 
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
@@ -36,8 +36,9 @@ def parse_bool(variable: str, value: str) -> bool:
 
 
 class Policy(enum.Enum):
+    AUTO = "auto"  # eligible GEMMs the kernel is predicted to run at least as fast (policy.py)
+    SHARED = "shared"  # those within ~10% of cuBLAS alone, which win once SMs are held
     ALL = "all"  # every eligible GEMM
-    AUTO = "auto"  # eligible GEMMs where the kernel is expected to win (lowering._auto_routes)
 
 
 class Path(enum.Enum):
@@ -48,7 +49,7 @@ class Path(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class RoutingSettings:
     enabled: bool = True
-    policy: Policy = Policy.ALL
+    policy: Policy = Policy.AUTO
     path: Path = Path.OPAQUE
     # CPU GEMMs routed too: compiled code then calls the ops, which run the kernel through
     # Triton's interpreter. Slow; for tests and demos on machines without a GPU.
@@ -59,15 +60,15 @@ class RoutingSettings:
     # Every launch sums each output element in an order that does not depend on M (nor on
     # the batch count): plan.py's tile choice ignores them, with no K split and no swap.
     batch_invariant: bool = False
-    # A routed GEMM and the activation after it become one ws_mm_act call, where nothing
-    # else reads the GEMM's output (fusion.py).
+    # A routed GEMM and the activation after it become one ws_mm_act call, a GLU's product
+    # or an activation's backward of a GEMM one ws_mm_gated call (fusion.py).
     fuse_epilogues: bool = False
 
     @classmethod
     def from_environment(cls) -> "RoutingSettings":
         return cls(
             enabled=parse_bool(ROUTING_ENV, os.environ.get(ROUTING_ENV, "1")),
-            policy=_choice(Policy, POLICY_ENV, os.environ.get(POLICY_ENV, Policy.ALL.value)),
+            policy=_choice(Policy, POLICY_ENV, os.environ.get(POLICY_ENV, Policy.AUTO.value)),
             path=_choice(Path, PATH_ENV, os.environ.get(PATH_ENV, Path.OPAQUE.value)),
             batch_invariant=parse_bool(BATCH_INVARIANT_ENV, os.environ.get(BATCH_INVARIANT_ENV, "0")),
             fuse_epilogues=parse_bool(FUSE_EPILOGUES_ENV, os.environ.get(FUSE_EPILOGUES_ENV, "0")),
@@ -148,12 +149,17 @@ def routing(enabled: bool | None = None, *, policy: str | None = None, path: str
 
 def route_cpu(enabled: bool) -> None:
     """Also route CPU GEMMs: compiled code then calls the ops, which run the kernel through
-    Triton's interpreter. Slow; for tests and demos on machines without a GPU."""
+    Triton's interpreter. Slow; for tests and demos on machines without a GPU. Every
+    eligible CPU GEMM is routed whatever the policy (the interpreter has no speed to
+    predict)."""
     update(cpu=bool(enabled))
 
 
 def set_policy(policy: str) -> None:
-    """"all": route every eligible GEMM; "auto": only those the kernel is expected to win."""
+    """"auto" (the default): route the eligible GEMMs the kernel is predicted to run at least
+    as fast as Inductor's choice on an idle GPU (policy.py, from measurements on that GPU);
+    "shared": those it runs within ~10% of cuBLAS alone, which win once other work holds SMs;
+    "all": every eligible GEMM."""
     update(policy=policy)
 
 
@@ -178,7 +184,9 @@ def fuse_epilogues(enabled: bool) -> None:
     """Epilogue fusion (also TRITONBLAS_OPS_FUSE_EPILOGUES=1) for graphs compiled from now on:
     a routed GEMM (mm, or addmm with its bias) whose only reader is a ReLU, GELU (erf or
     tanh) or SiLU becomes one torch.ops.tritonblas.ws_mm_act call, the activation applied
-    in the kernel's epilogue. Off by default until timed on a GPU."""
+    in the kernel's epilogue; a GLU's act(gate) * up, and a backward's GELU or SiLU backward
+    of a GEMM's output, one ws_mm_gated call (fusion.py). Off by default until its gated and
+    backward forms have run on a GPU."""
     update(fuse_epilogues=bool(enabled))
 
 

@@ -1,0 +1,112 @@
+"""Routing policy "auto" (the default): route a GEMM only where the kernel is predicted to be
+at least as fast as what Inductor runs in its place on an idle GPU (cuBLAS, and, for a GEMM
+whose epilogue fusion takes an activation or a gated product, the pointwise kernel the
+fusion removes). Predicted from the corpus measured on that GPU (measured.py), never by
+timing at run time:
+
+- neighbours: the measured shapes of the GEMM's dtype and alignment class whose M, N and K
+  are each within a factor of 2 of its own (M counted as at least 16: a decode GEMM of
+  fewer rows reads the same weight in the same time);
+- cuBLAS's time: the nearest neighbour's, scaled by the work (M * N * K, M as above);
+- the kernel's time: cuBLAS's divided by the worst kernel-over-cuBLAS speed among the
+  neighbours (a conservative estimate, from the neighbours' ratios);
+- a fused epilogue saves the traffic of the pointwise kernel it replaces: 2 * M * N elements
+  (the GEMM's output written and read once more), at the best bandwidth measured there;
+- a GEMM whose predicted time is below the op's host time per call is bound by the host
+  (without CUDA graphs), where the opaque op costs more than torch.mm: not routed.
+Not routed either: a GPU without measurements (warned once per device), batched and grouped
+GEMMs (none measured yet), FP32 without TF32, and any GEMM without a measured neighbour.
+"""
+
+import dataclasses
+import functools
+import math
+import warnings
+
+import torch
+
+from tritonblas_ops import measured
+
+DECODE_ROWS = 16  # up to this many rows, a GEMM's time does not depend on M (measured.py)
+NEIGHBOURHOOD = 1.0  # log2 of the largest factor between a neighbour's size and the GEMM's
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    cublas_us: float
+    kernel_us: float
+    saved_us: float  # by the fused epilogue: the pointwise kernel's time
+
+    @property
+    def routes(self) -> bool:
+        return self.kernel_us <= self.cublas_us + self.saved_us
+
+
+def alignment_class(n: int, k: int, element_size: int) -> str:
+    """How rows of the operands start (row-major A: pitch K; B and the output: pitch N):
+    "unaligned" (not 16-byte multiples: no TMA), "mid-line" (16- but not 128-byte multiples:
+    rows start inside an L2 line), else "aligned"."""
+    pitches = (n * element_size, k * element_size)
+    if any(p % 16 for p in pitches):
+        return "unaligned"
+    if any(p % 128 for p in pitches):
+        return "mid-line"
+    return "aligned"
+
+
+def predict(gpu: dict, dtype: torch.dtype, m: int, n: int, k: int, *, fused: bool) -> Prediction | None:
+    """The kernel's and cuBLAS's predicted times for one GEMM on a measured GPU, or None
+    where no measured shape is near enough."""
+    shapes = gpu["shapes"].get(str(dtype).removeprefix("torch."), ())
+    element_size = dtype.itemsize
+    wanted = alignment_class(n, k, element_size)
+    rows = max(m, DECODE_ROWS)
+    neighbours = []
+    for mm, nn, kk, cublas_us, kernel_us in shapes:
+        if alignment_class(nn, kk, element_size) != wanted:
+            continue
+        distance = max(abs(math.log2(rows / max(mm, DECODE_ROWS))), abs(math.log2(n / nn)), abs(math.log2(k / kk)))
+        if distance <= NEIGHBOURHOOD:
+            neighbours.append((distance, cublas_us * rows * n * k / (max(mm, DECODE_ROWS) * nn * kk), kernel_us / cublas_us))
+    if not neighbours:
+        return None
+    _, cublas_us, _ = min(neighbours)
+    slowdown = max(ratio for _, _, ratio in neighbours)
+    saved_us = 2 * m * n * element_size / (gpu["bandwidth_gbps"] * 1e3) if fused else 0.0
+    return Prediction(cublas_us, cublas_us * slowdown, saved_us)
+
+
+def faster(device: torch.device, dtype: torch.dtype, batches: int, m: int, n: int, k: int, *,
+           fused: bool = False, grouped: bool = False, tf32: bool = False) -> bool:
+    """Policy "auto"'s decision for one GEMM (its dtype, size hints, and whether an epilogue
+    is fused into it); `tf32`: whether FP32 GEMMs may run as TF32 (the measured FP32
+    runs did). CPU GEMMs (routed with route_cpu, run by the interpreter) are all routed."""
+    gpu = measurements(device)
+    if gpu is None:
+        return device.type == "cpu"  # route_cpu's interpreter: no speed to predict
+    if batches != 1 or grouped or (dtype == torch.float32 and not tf32):
+        return False
+    predicted = predict(gpu, dtype, m, n, k, fused=fused)
+    return predicted is not None and predicted.routes and predicted.kernel_us >= gpu["host_us"]
+
+
+def measurements(device: torch.device) -> dict | None:
+    """measured.py's entry for this CUDA device (its name and SM count), or None (warned
+    once per device)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _measurements(torch.cuda.get_device_name(index), torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+@functools.cache
+def _measurements(name: str, num_sms: int) -> dict | None:
+    for gpu in measured.GPUS:
+        if gpu["device"] == name and gpu["num_sms"] == num_sms:
+            return gpu
+    warnings.warn(
+        f"tritonblas_ops: routing policy 'auto' has no measurements for {name} ({num_sms} SMs), "
+        "so it leaves every GEMM there to Inductor. tritonblas_ops.set_policy('all') routes "
+        "them all; `python -m benchmarks.policy_table` turns corpus runs on this GPU into "
+        "measurements.", stacklevel=2)
+    return None
