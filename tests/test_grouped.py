@@ -202,6 +202,29 @@ def test_gradients_are_grouped_gemms_through_the_op(ragged):
     assert_matches(b.grad, b64.grad, 1e-5)
 
 
+@pytest.mark.parametrize("ragged", ["m", "k", None])
+def test_forward_mode_tangents_are_grouped_gemms_through_the_op(ragged):
+    """torch.func.jvp and forward_ad's dual tensors, tangents on both operands and on one:
+    the float64 reference's tangents."""
+    import torch.autograd.forward_ad as fwad
+
+    if ragged is None:
+        a, b, offs = torch.randn(2, 12, 10), torch.randn(2, 10, 14), None
+    else:
+        a, b, offs = operands(ragged, [7, 0, 12, 5], 11, 13, 9, torch.float32)
+    for tangents in ((torch.randn_like(a), torch.randn_like(b)), (torch.zeros_like(a), torch.randn_like(b))):
+        out, got = torch.func.jvp(lambda x, y: torch.ops.tritonblas.ws_grouped_mm(x, y, offs), (a, b), tangents)
+        want_out, want = torch.func.jvp(lambda x, y: reference(x, y, offs), (a.double(), b.double()),
+                                        tuple(t.double() for t in tangents))
+        assert_matches(out, want_out, 1e-5)
+        assert_matches(got, want, 1e-5)
+    with fwad.dual_level():
+        tangent = torch.randn_like(a)
+        got = fwad.unpack_dual(torch.ops.tritonblas.ws_grouped_mm(fwad.make_dual(a, tangent), b, offs)).tangent
+    assert got is not None, "forward_ad got no tangent"
+    assert_matches(got, reference(tangent.double(), b.double(), offs), 1e-5)
+
+
 @pytest.mark.parametrize("ragged", ["m", "n", "k"])
 def test_opcheck(ragged):
     a, b, offs = operands(ragged, [5, 0, 9], 8, 8, 8, torch.float32)

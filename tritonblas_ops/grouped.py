@@ -29,7 +29,7 @@ from tritonblas_ops import device as devices
 from tritonblas_ops.device import COUNTER_STRIDE
 from tritonblas_ops.config import TileConfig, select_config
 from tritonblas_ops.grouped_kernel import ws_grouped_kernel
-from tritonblas_ops.ops import SUPPORTED_DTYPES, _check, _check_tensor
+from tritonblas_ops.ops import SUPPORTED_DTYPES, _check, _check_tensor, _register_autograd
 from tritonblas_ops.plan import Operand, _describable, _max_offset, shard_setting, tf32_enabled
 from tritonblas_ops.scheduler import WorkQueue
 from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
@@ -283,26 +283,15 @@ def _launch_kernel(plan: GroupedPlan, a, b, c, offs, counters, unit_counts) -> N
 
 
 def _define(fn):
+    """The custom op, adopting the C++ stubs' definition, with its derivatives in both modes
+    (ops._register_autograd)."""
     with adopt_cpp_definitions():
         op = torch.library.custom_op(f"{NAMESPACE}::{OP}", mutates_args=(), tags=(torch.Tag.pt2_compliant_tag,))(fn)
     if defined_schema(OP) != SCHEMAS[OP]:
         raise RuntimeError(f"{NAMESPACE}::{OP}: the annotations give '{defined_schema(OP)}', "
                            f"schemas.SCHEMAS says '{SCHEMAS[OP]}': change both (and the C++ stubs)")
+    _register_autograd(op, fn, _setup, _backward, _tangent)
     return op
-
-
-@_define
-def ws_grouped_mm(mat_a: Tensor, mat_b: Tensor, offs: Tensor | None = None, bias: Tensor | None = None,
-                  out_dtype: torch.dtype | None = None) -> Tensor:
-    """torch._grouped_mm with every group's tiles in one work-stealing queue (module docstring)."""
-    check_inputs(mat_a, mat_b, offs, bias, out_dtype)
-    return grouped_mm(mat_a, mat_b, offs)
-
-
-@ws_grouped_mm.register_fake
-def _ws_grouped_mm_fake(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
-    check_inputs(mat_a, mat_b, offs, bias, out_dtype)
-    return mat_a.new_empty(out_shape(mat_a, mat_b, offs))
 
 
 def _setup(ctx, inputs, output):
@@ -321,4 +310,26 @@ def _backward(ctx, grad):
     return grad_a, grad_b, None, None, None
 
 
-ws_grouped_mm.register_autograd(_backward, setup_context=_setup)
+def _tangent(primals, tangents, keyword_only_args):
+    """dC = dA @ B + A @ dB per group, with the same offs (forward mode)."""
+    mat_a, mat_b, offs = primals[:3]
+    tangent_a, tangent_b = tangents[:2]
+    parts = [ws_grouped_mm(tangent_a, mat_b, offs) if tangent_a is not None else None,
+             ws_grouped_mm(mat_a, tangent_b, offs) if tangent_b is not None else None]
+    parts = [p for p in parts if p is not None]
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
+@_define
+def ws_grouped_mm(mat_a: Tensor, mat_b: Tensor, offs: Tensor | None = None, bias: Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> Tensor:
+    """torch._grouped_mm with every group's tiles in one work-stealing queue (module docstring)."""
+    check_inputs(mat_a, mat_b, offs, bias, out_dtype)
+    return grouped_mm(mat_a, mat_b, offs)
+
+
+@ws_grouped_mm.register_fake
+def _ws_grouped_mm_fake(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    check_inputs(mat_a, mat_b, offs, bias, out_dtype)
+    return mat_a.new_empty(out_shape(mat_a, mat_b, offs))
+

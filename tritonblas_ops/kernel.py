@@ -134,14 +134,17 @@ def _program_descriptor(ptr, num_batches, rows, cols, stride_batch, stride_row, 
     built none (traced launches), as _descriptor builds it on the host: a box of (1 batch,
     rows, columns), so one descriptor serves every tile of every batch; a column-major
     operand is described as its transpose (and transposed back in registers)."""
+    # In 64 bits: the unused batch stride of one long operand (a group of 2**18 tokens along
+    # K, by 8192) passes 2**31.
+    stride_batch = tl.cast(stride_batch, tl.int64)
     if ROW_MAJOR:
         if num_batches == 1:  # unused, but every stride must be a 16-byte multiple
-            stride_batch = stride_row * rows
+            stride_batch = tl.cast(stride_row, tl.int64) * rows
         desc = tl.make_tensor_descriptor(ptr, [num_batches, rows, cols], [stride_batch, stride_row, 1],
                                          [1, BOX_ROWS, BOX_COLS])
     else:
         if num_batches == 1:
-            stride_batch = stride_col * cols
+            stride_batch = tl.cast(stride_col, tl.int64) * cols
         desc = tl.make_tensor_descriptor(ptr, [num_batches, cols, rows], [stride_batch, stride_col, 1],
                                          [1, BOX_COLS, BOX_ROWS])
     return desc

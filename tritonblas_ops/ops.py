@@ -308,7 +308,8 @@ def _with_forward_ad(op, setup_context, backward, tangent):
         # The dispatcher drops arguments equal to their defaults: put them back.
         args, keyword_only_args = torch._library.utils.fill_defaults(
             overload._schema, inputs[:-1], inputs[-1].keyword_only_args)
-        ctx.save_for_forward(*args)
+        # Non-tensor arguments (a dtype) are passed on as None: the tangents take no others.
+        ctx.save_for_forward(*(t if isinstance(t, Tensor) else None for t in args))
         if keyword_only:
             setup_context(ctx=ctx, inputs=args, keyword_only_inputs=keyword_only_args, output=output)
         else:
