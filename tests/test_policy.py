@@ -101,6 +101,18 @@ def test_decisions_on_the_h200(monkeypatch):
     assert not policy.faster(CUDA, torch.float32, 1, *fp32_shape, tf32=False)
 
 
+def test_decisions_are_logged_with_their_reasons(monkeypatch, caplog):
+    monkeypatch.setattr(policy, "measurements", lambda device: H200)
+    with caplog.at_level("DEBUG", logger="tritonblas_ops.policy"):
+        policy.faster(CUDA, BF16, 1, 8192, 14336, 4096, fused=True)
+        policy.faster(CUDA, BF16, 1, 8192, 3072, 768)
+        policy.faster(CUDA, BF16, 1, 16, 4096, 4096)
+    routed, unmeasured, host_bound = caplog.messages
+    assert routed.startswith("policy auto routes 1x8192x14336x4096 torch.bfloat16 fused: kernel ")
+    assert unmeasured.endswith("leaves to Inductor 1x8192x3072x768 torch.bfloat16: no measured shape within 2x")
+    assert "under the op's host time" in host_bound
+
+
 def test_an_unmeasured_gpu_routes_nothing_and_says_so_once():
     with pytest.warns(UserWarning, match="no measurements for Some GPU X1 \\(7 SMs\\).*set_policy\\('all'\\)"):
         assert policy._measurements("Some GPU X1", 7) is None

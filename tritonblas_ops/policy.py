@@ -16,16 +16,20 @@ timing at run time:
   (without CUDA graphs), where the opaque op costs more than torch.mm: not routed.
 Not routed either: a GPU without measurements (warned once per device), batched and grouped
 GEMMs (none measured yet), FP32 without TF32, and any GEMM without a measured neighbour.
+Each decision and its reason is logged at DEBUG to the "tritonblas_ops.policy" logger.
 """
 
 import dataclasses
 import functools
+import logging
 import math
 import warnings
 
 import torch
 
 from tritonblas_ops import measured
+
+log = logging.getLogger(__name__)
 
 DECODE_ROWS = 16  # up to this many rows, a GEMM's time does not depend on M (measured.py)
 NEIGHBOURHOOD = 1.0  # log2 of the largest factor between a neighbour's size and the GEMM's
@@ -84,10 +88,26 @@ def faster(device: torch.device, dtype: torch.dtype, batches: int, m: int, n: in
     gpu = measurements(device)
     if gpu is None:
         return device.type == "cpu"  # route_cpu's interpreter: no speed to predict
-    if batches != 1 or grouped or (dtype == torch.float32 and not tf32):
-        return False
+    routes, reason = _decide(gpu, dtype, batches, m, n, k, fused, grouped, tf32)
+    if log.isEnabledFor(logging.DEBUG):
+        what = f"{'grouped ' if grouped else ''}{batches}x{m}x{n}x{k} {dtype}{' fused' if fused else ''}"
+        log.debug("policy auto %s %s: %s", "routes" if routes else "leaves to Inductor", what, reason)
+    return routes
+
+
+def _decide(gpu: dict, dtype, batches, m, n, k, fused, grouped, tf32) -> tuple[bool, str]:
+    if batches != 1 or grouped:
+        return False, "no batched or grouped GEMM measured"
+    if dtype == torch.float32 and not tf32:
+        return False, "FP32 measured as TF32 only"
     predicted = predict(gpu, dtype, m, n, k, fused=fused)
-    return predicted is not None and predicted.routes and predicted.kernel_us >= gpu["host_us"]
+    if predicted is None:
+        return False, "no measured shape within 2x"
+    times = (f"kernel {predicted.kernel_us:.1f} us, cuBLAS {predicted.cublas_us:.1f} us"
+             f" + {predicted.saved_us:.1f} us saved by the fused epilogue")
+    if predicted.kernel_us < gpu["host_us"]:
+        return False, f"{times}: under the op's host time ({gpu['host_us']} us)"
+    return predicted.routes, times
 
 
 def measurements(device: torch.device) -> dict | None:
