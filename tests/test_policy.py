@@ -32,7 +32,8 @@ def test_the_measurements_cover_every_dtype_the_kernel_takes():
 
 def test_a_lone_measured_shape_predicts_its_own_times():
     """4095x4097x4093 (unaligned rows) has no other unaligned shape within a factor of 2."""
-    (cublas_us, kernel_us), = [(c, w) for m, n, k, c, w in H200["shapes"]["bfloat16"] if (m, n, k) == (4095, 4097, 4093)]
+    (cublas_us, kernel_us), = [(c, w) for m, n, k, c, w in H200["shapes"]["bfloat16"]
+                               if (m, n, k) == (4095, 4097, 4093)]
     predicted = predict(H200, BF16, 4095, 4097, 4093, fused=False)
     assert predicted.cublas_us == pytest.approx(cublas_us) and predicted.kernel_us == pytest.approx(kernel_us)
     assert predicted.routes and predicted.saved_us == 0

@@ -240,8 +240,9 @@ def _slope_search(backward, viewed: bool):
 def _trace_gated_patterns() -> pattern_matcher.PatternMatcherPass:
     """act(gate) * mm(a, b), either operand order, the product perhaps viewed (nn.Linear on
     3-D input), for every activation and dtype: SwiGLU's silu(gate(x)) * up(x), GeGLU's;
-    and an activation's backward of a GEMM's output (the backward GEMM into a GELU or SiLU), which is the product times the activation's slope at the gate (not ReLU's, which
-    reads the boolean mask its forward saved)."""
+    and an activation's backward of a GEMM's output (the backward GEMM into a GELU or
+    SiLU), which is the product times the activation's slope at the gate (not ReLU's,
+    which reads the boolean mask its forward saved)."""
     patterns = pattern_matcher.PatternMatcherPass()
     searches = [(activation, viewed, search) for activation, viewed, apply, view in _variants()
                 for search in _gated_searches(apply, view)]

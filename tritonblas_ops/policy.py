@@ -8,8 +8,8 @@ timing at run time:
   are each within a factor of 2 of its own (M counted as at least 16: a decode GEMM of
   fewer rows reads the same weight in the same time);
 - cuBLAS's time: the nearest neighbour's, scaled by the work (M * N * K, M as above);
-- the kernel's time: cuBLAS's divided by the worst kernel-over-cuBLAS speed among the
-  neighbours (a conservative estimate, from the neighbours' ratios);
+- the kernel's time: cuBLAS's times the worst ratio of the kernel's time to cuBLAS's among
+  the neighbours (a conservative estimate);
 - a fused epilogue saves the traffic of the pointwise kernel it replaces: 2 * M * N elements
   (the GEMM's output written and read once more), at the best bandwidth measured there;
 - a GEMM whose predicted time is below the op's host time per call is bound by the host
@@ -69,9 +69,11 @@ def predict(gpu: dict, dtype: torch.dtype, m: int, n: int, k: int, *, fused: boo
     for mm, nn, kk, cublas_us, kernel_us in shapes:
         if alignment_class(nn, kk, element_size) != wanted:
             continue
-        distance = max(abs(math.log2(rows / max(mm, DECODE_ROWS))), abs(math.log2(n / nn)), abs(math.log2(k / kk)))
+        their_rows = max(mm, DECODE_ROWS)
+        distance = max(abs(math.log2(rows / their_rows)), abs(math.log2(n / nn)), abs(math.log2(k / kk)))
         if distance <= NEIGHBOURHOOD:
-            neighbours.append((distance, cublas_us * rows * n * k / (max(mm, DECODE_ROWS) * nn * kk), kernel_us / cublas_us))
+            scaled_us = cublas_us * (rows * n * k) / (their_rows * nn * kk)
+            neighbours.append((distance, scaled_us, kernel_us / cublas_us))
     if not neighbours:
         return None
     _, cublas_us, _ = min(neighbours)
@@ -116,7 +118,8 @@ def measurements(device: torch.device) -> dict | None:
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _measurements(torch.cuda.get_device_name(index), torch.cuda.get_device_properties(index).multi_processor_count)
+    properties = torch.cuda.get_device_properties(index)
+    return _measurements(properties.name, properties.multi_processor_count)
 
 
 @functools.cache
