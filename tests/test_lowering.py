@@ -790,6 +790,51 @@ def test_a_training_backward_fuses_the_activations_backward(cpu_routing, leading
     assert all(torch.equal(g, a) for g, a in zip(fused, again))
 
 
+class Residual(torch.nn.Module):
+    """Two projections whose outputs are added to the residual stream, as a transformer
+    block's attention output and MLP down projections are."""
+
+    def __init__(self):
+        super().__init__()
+        self.o, self.down = torch.nn.Linear(16, 16, bias=False), torch.nn.Linear(48, 16, bias=False)
+        self.up = torch.nn.Linear(16, 48, bias=False)
+
+    def forward(self, x):
+        h = x + self.o(x)
+        return self.down(self.up(h).relu()) + h
+
+
+def test_residual_adds_go_into_the_gemms_epilogue(cpu_routing):
+    """On 3-D input (where the view keeps Inductor from making mm + add an addmm itself),
+    a projection's output added to the residual stream becomes ws_mm_act(x, w, residual,
+    activation="none"), in the forward and in a training step's backward (gradients summed
+    into a GEMM's); fewer C++ kernels; float64's values within fp32 tolerance."""
+    torch.manual_seed(0)
+    x = randn(2, 16, 16)
+    fused_code = check_fusion(Residual(), x, ["ws_mm", "ws_mm", "ws_mm"],
+                              ["ws_mm_act", "ws_mm_act", "ws_mm_act"])
+    assert fused_code.count("activation='none'") == 2
+    model = Residual()
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(lambda: torch.compile(model)(x).square().sum().backward())
+    assert "activation='none'" in codes[-1]
+    reference = copy.deepcopy(model).double()
+    reference(x.double()).square().sum().backward()
+    for got, want in zip(model.parameters(), reference.parameters()):
+        assert_matches(got.grad, want.grad, REL_TOLERANCE[torch.float32])
+
+
+def test_an_addend_that_is_no_epilogue_bias_stays_apart(cpu_routing):
+    """An addend of another dtype, or one that broadens the product, is Inductor's add."""
+    tritonblas_ops.fuse_epilogues(True)
+    x, w = randn(2, 8, 16), randn(16, 24)
+    with torch.no_grad():
+        for addend in (randn(3, 2, 8, 24), randn(2, 8, 24, dtype=torch.float64), randn(2, 1, 24)):
+            out, code = compile_and_run(lambda x, r: x @ w + r, x, addend)
+            assert routed_calls(code) == ["ws_mm"], addend.shape
+            assert_matches(out, x.double() @ w.double() + addend.double(), REL_TOLERANCE[torch.float32])
+
+
 def test_fused_glu_in_the_inline_form():
     """Under the inline path the gated GEMM is the kernel itself with GATE set and the
     gate as its bias operand (code generation only)."""

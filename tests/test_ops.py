@@ -36,6 +36,7 @@ def op_cases():
     yield "ws_mm_act", (transposed(a), b, None), {"activation": "silu"}
     yield "ws_mm_act", (a, transposed(b), torch.randn(19, 1)), {"activation": "gelu"}
     yield "ws_mm_act", (a, b, bias), {"activation": "relu"}
+    yield "ws_mm_act", (a, b, torch.randn(19, 29)), {"activation": "none"}  # a residual fused
     yield "ws_mm_gated", (a, b, torch.randn(19, 29)), {"activation": "silu"}
     yield "ws_mm_gated", (transposed(a), b, torch.randn(19, 29)), {"activation": "gelu_tanh"}
     yield "ws_mm_gated", (a, transposed(b), bias), {"activation": "gelu"}

@@ -34,7 +34,7 @@ def test_a_lone_measured_shape_predicts_its_own_times():
     """4095x4097x4093 (unaligned rows) has no other unaligned shape within a factor of 2."""
     (cublas_us, kernel_us), = [(c, w) for m, n, k, c, w in H200["shapes"]["bfloat16"]
                                if (m, n, k) == (4095, 4097, 4093)]
-    predicted = predict(H200, BF16, 4095, 4097, 4093, fused=False)
+    predicted = predict(H200, BF16, 4095, 4097, 4093, saved_passes=0)
     assert predicted.cublas_us == pytest.approx(cublas_us) and predicted.kernel_us == pytest.approx(kernel_us)
     assert predicted.routes and predicted.saved_us == 0
 
@@ -42,7 +42,7 @@ def test_a_lone_measured_shape_predicts_its_own_times():
 def test_a_prediction_takes_the_worst_neighbour_and_scales_by_the_work():
     """8192x14336x4096 (a Llama-3-8B up projection) has measured neighbours on both sides of
     1.0x: the prediction is the slowest one's ratio, at cuBLAS's time of the shape itself."""
-    predicted = predict(H200, BF16, 8192, 14336, 4096, fused=False)
+    predicted = predict(H200, BF16, 8192, 14336, 4096, saved_passes=0)
     neighbours = [(m, n, k) for m, n, k, _, _ in H200["shapes"]["bfloat16"]
                   if policy.alignment_class(n, k, 2) == "aligned"
                   and all(0.5 <= x / y <= 2 for x, y in ((m, 8192), (n, 14336), (k, 4096)))]
@@ -51,29 +51,29 @@ def test_a_prediction_takes_the_worst_neighbour_and_scales_by_the_work():
     assert predicted.kernel_us / predicted.cublas_us == pytest.approx(worst)
     assert not predicted.routes
     # Half the rows: cuBLAS's time of the nearest neighbour scaled by the work.
-    assert predict(H200, BF16, 4096, 14336, 4096, fused=False).cublas_us == pytest.approx(
+    assert predict(H200, BF16, 4096, 14336, 4096, saved_passes=0).cublas_us == pytest.approx(
         [c for m, n, k, c, _ in H200["shapes"]["bfloat16"] if (m, n, k) == (4096, 14336, 4096)][0])
 
 
 def test_a_fused_epilogue_counts_the_pointwise_kernel_it_removes():
     """The same GEMM with its activation or gated product fused: 2 * M * N elements less
     traffic at the measured bandwidth outweigh the kernel's few percent."""
-    fused = predict(H200, BF16, 8192, 14336, 4096, fused=True)
+    fused = predict(H200, BF16, 8192, 14336, 4096, saved_passes=2)
     assert fused.saved_us == pytest.approx(2 * 8192 * 14336 * 2 / (H200["bandwidth_gbps"] * 1e3))
     assert fused.routes and fused.kernel_us > fused.cublas_us
 
 
 def test_decode_rows_share_one_neighbourhood():
     """Up to 16 rows a GEMM reads the same weight in the same time: M = 1..16 predict alike."""
-    predictions = {predict(H200, BF16, m, 14336, 4096, fused=False) for m in (1, 3, 7, 16)}
+    predictions = {predict(H200, BF16, m, 14336, 4096, saved_passes=0) for m in (1, 3, 7, 16)}
     assert len(predictions) == 1
-    assert predict(H200, BF16, 64, 14336, 4096, fused=False) not in predictions
+    assert predict(H200, BF16, 64, 14336, 4096, saved_passes=0) not in predictions
 
 
 def test_no_measured_neighbour_no_prediction():
-    assert predict(H200, BF16, 8192, 3072, 768, fused=True) is None  # GPT-2's MLP: K far from all
-    assert predict(H200, BF16, 256, 256, 264, fused=False) is None  # no mid-line shape this small
-    assert predict(H200, torch.float16, 8192, 8192, 8192, fused=False) is not None
+    assert predict(H200, BF16, 8192, 3072, 768, saved_passes=2) is None  # GPT-2's MLP: K far from all
+    assert predict(H200, BF16, 256, 256, 264, saved_passes=0) is None  # no mid-line shape this small
+    assert predict(H200, torch.float16, 8192, 8192, 8192, saved_passes=0) is not None
 
 
 @pytest.mark.parametrize("n,k,expected", [(4096, 4096, "aligned"), (1000, 4096, "mid-line"),
@@ -86,18 +86,18 @@ def test_alignment_classes(n, k, expected):
 def test_decisions_on_the_h200(monkeypatch):
     monkeypatch.setattr(policy, "measurements", lambda device: H200)
     assert policy.faster(CUDA, BF16, 1, 4095, 4097, 4093)
-    assert policy.faster(CUDA, BF16, 1, 8192, 14336, 4096, fused=True)
+    assert policy.faster(CUDA, BF16, 1, 8192, 14336, 4096, saved_passes=2)
     assert not policy.faster(CUDA, BF16, 1, 8192, 14336, 4096)
     assert not policy.faster(CUDA, BF16, 2, 4095, 4097, 4093)  # batched: not measured
     assert not policy.faster(CUDA, BF16, 1, 4095, 4097, 4093, grouped=True)
     # 16x4096x4096: measured faster than cuBLAS, but in less time than the op's host time.
     assert measured_ratio("bfloat16", 16, 4096, 4096) < 1
-    assert predict(H200, BF16, 16, 4096, 4096, fused=False).routes
+    assert predict(H200, BF16, 16, 4096, 4096, saved_passes=0).routes
     assert not policy.faster(CUDA, BF16, 1, 16, 4096, 4096)
     # FP32 was measured as TF32 only.
     fp32_shape = next((m, n, k) for m, n, k, c, w in H200["shapes"]["float32"]
-                      if predict(H200, torch.float32, m, n, k, fused=False).routes
-                      and predict(H200, torch.float32, m, n, k, fused=False).kernel_us > H200["host_us"])
+                      if predict(H200, torch.float32, m, n, k, saved_passes=0).routes
+                      and predict(H200, torch.float32, m, n, k, saved_passes=0).kernel_us > H200["host_us"])
     assert policy.faster(CUDA, torch.float32, 1, *fp32_shape, tf32=True)
     assert not policy.faster(CUDA, torch.float32, 1, *fp32_shape, tf32=False)
 
@@ -105,7 +105,7 @@ def test_decisions_on_the_h200(monkeypatch):
 def test_decisions_are_logged_with_their_reasons(monkeypatch, caplog):
     monkeypatch.setattr(policy, "measurements", lambda device: H200)
     with caplog.at_level("DEBUG", logger="tritonblas_ops.policy"):
-        policy.faster(CUDA, BF16, 1, 8192, 14336, 4096, fused=True)
+        policy.faster(CUDA, BF16, 1, 8192, 14336, 4096, saved_passes=2)
         policy.faster(CUDA, BF16, 1, 8192, 3072, 768)
         policy.faster(CUDA, BF16, 1, 16, 4096, 4096)
     routed, unmeasured, host_bound = caplog.messages
@@ -144,12 +144,16 @@ STAND_IN = {"device": "stand-in", "num_sms": 1, "bandwidth_gbps": 1.0, "host_us"
 
 @pytest.fixture
 def stand_in_gpu(monkeypatch):
+    """CPU GEMMs routed under policy "auto" with STAND_IN's measurements, the compiled-code
+    caches off (a hit would skip the lowering's decisions)."""
     before = settings.current()
     monkeypatch.setattr(policy, "measurements", lambda device: STAND_IN)
     tritonblas_ops.route_cpu(True)
     tritonblas_ops.set_policy("auto")
     try:
-        yield
+        with torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
+            yield
     finally:
         settings.restore(before)
         torch._dynamo.reset()
@@ -183,8 +187,33 @@ def test_auto_routes_a_slower_gemm_whose_fused_epilogue_saves_more(stand_in_gpu)
     def glu_up(x, w_gate, w_up):
         return F.silu(x @ w_gate) * (x @ w_up)
 
+    def residual(x3, w):
+        return x3 + x3 @ w
+
     x, w = half(64, 256), half(256, 256)
     assert compiled_ops(mlp_up, x, w) == []  # fusion off: the bare GEMM is predicted slower
+    assert compiled_ops(residual, x.view(1, 64, 256), w) == []
     with tritonblas_ops.routing(fuse_epilogues=True):
         assert compiled_ops(mlp_up, x, w) == ["ws_mm_act"]
         assert compiled_ops(glu_up, x, w, half(256, 256)) == ["ws_mm_gated"]  # the gate GEMM: Inductor's
+        assert compiled_ops(residual, x.view(1, 64, 256), w) == ["ws_mm_act"]  # one pass saved: 33 us
+
+
+def test_fusion_tells_the_policy_what_each_epilogue_saves(stand_in_gpu, monkeypatch):
+    """Two output-sized passes for an activation, a gated product or an activation's
+    backward (its kernel read the GEMM's output and wrote its own); one for a residual."""
+    asked = []
+    faster = policy.faster
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("saved_passes", 0))
+        return faster(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "faster", recording)
+    x, w = half(1, 64, 256), half(256, 256)
+    with tritonblas_ops.routing(fuse_epilogues=True):
+        compiled_ops(lambda x, w: F.silu(x @ w), x, w)
+        assert asked[0] == 2
+        asked.clear()
+        compiled_ops(lambda x, w: x + x @ w, x, w)
+        assert asked[0] == 1

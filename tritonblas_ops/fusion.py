@@ -32,18 +32,25 @@ from tritonblas_ops.ops import SUPPORTED_DTYPES, bias_broadcasts
 FUSED = [name for name in ACTIVATIONS if name != "none"]  # the activations a pattern ends in
 
 
+# The output-sized memory passes a fused epilogue saves (policy.py): an activation's,
+# gated product's or activation backward's pointwise kernel read the GEMM's output and
+# wrote its own; a residual add, which Inductor may fold into the next kernel, at least one.
+SAVED_BY_POINTWISE = 2
+SAVED_BY_RESIDUAL = 1
+
+
 def fuse(graph: torch.fx.Graph) -> int:
-    """Replace every fusable gated product, then every GEMM + activation, of a post-grad
-    graph; returns how many. Gated first: a GLU's gate GEMM also matches GEMM + activation,
-    and fusing that would leave the product's kernel in place."""
+    """Replace every fusable gated product, then every GEMM + activation, then every GEMM +
+    residual of a post-grad graph; returns how many. Gated first: a GLU's gate GEMM also
+    matches GEMM + activation, and fusing that would leave the product's kernel in place;
+    residual last: an activation's bias added after the GEMM would also match it."""
     state = settings.current()
     if not (state.enabled and state.fuse_epilogues):
         return 0
-    gated, activated = _patterns()
-    return gated.apply(graph) + activated.apply(graph)
+    return sum(patterns.apply(graph) for patterns in _patterns())
 
 
-def _routes(a, b, bias) -> bool:
+def _routes(a, b, bias, saved_passes: int = SAVED_BY_POINTWISE) -> bool:
     """Whether routing takes this GEMM with an epilogue fused into it (lowering's rules, on
     the nodes' example values): the fused op must not take a GEMM that routing would leave
     to Inductor."""
@@ -57,7 +64,8 @@ def _routes(a, b, bias) -> bool:
         return False  # an add of another shape after the GEMM: not an epilogue's bias
     m, n, k = (_hint(size) for size in (m, n, k))
     # A size without a hint counts as 0: nothing routed.
-    return lowering.routable([v.device for v in values], [v.dtype for v in values], 1, m, n, k, fused=True)
+    return lowering.routable([v.device for v in values], [v.dtype for v in values], 1, m, n, k,
+                             saved_passes=saved_passes)
 
 
 def _hint(size) -> int:
@@ -124,6 +132,10 @@ def _matched_view(match: pattern_matcher.Match) -> torch.fx.Node:
     return next(node for node in match.nodes if node.target in _VIEWS)
 
 
+def _matched_mm(match: pattern_matcher.Match) -> torch.fx.Node:
+    return next(node for node in match.nodes if node.target == torch.ops.aten.mm.default)
+
+
 # Tracing spells the view aten.view; post-grad graphs hold it as aten.reshape (Inductor's
 # view_to_reshape runs before custom passes).
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default)
@@ -144,13 +156,13 @@ _built: tuple | None = None
 
 
 def _patterns() -> tuple:
-    """The gated and the activation patterns, traced on first use (every activation, with
-    and without a bias, for each dtype, whose decompositions may differ): once, whichever
-    thread compiles first."""
+    """The gated, the activation and the residual patterns, traced on first use (every
+    activation, with and without a bias, for each dtype, whose decompositions may differ):
+    once, whichever thread compiles first."""
     global _built
     with _lock:
         if _built is None:
-            _built = _trace_gated_patterns(), _trace_patterns()
+            _built = _trace_gated_patterns(), _trace_patterns(), _trace_residual_patterns()
         return _built
 
 
@@ -251,4 +263,67 @@ def _trace_gated_patterns() -> pattern_matcher.PatternMatcherPass:
             example = (torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype),
                        torch.empty((2, 4, 8) if viewed else (8, 8), dtype=dtype))
             _register(patterns, search, example, viewed, _gated_fusable, _replace_with_gated(activation, viewed))
+    return patterns
+
+
+def _residual_fusable(viewed: bool):
+    """The addend can be the epilogue's bias: a tensor of the product's dtype and device that
+    broadcasts to its (M, N) shape, or, behind the view, one of the view's full shape (read
+    back in (M, N)); nothing else reads the product (the matcher's rule)."""
+    def check(match: pattern_matcher.Match) -> bool:
+        addend = match.kwargs["addend"]
+        value = addend.meta.get("val") if isinstance(addend, torch.fx.Node) else None
+        a = match.kwargs["a"].meta.get("val")
+        out = match.output_node().meta.get("val")
+        if not (isinstance(value, torch.Tensor) and isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor)):
+            return False
+        if value.dtype != a.dtype or out.dtype != a.dtype or value.device != a.device:
+            return False
+        product = _matched_view(match) if viewed else _matched_mm(match)
+        if out.shape != product.meta["val"].shape:
+            return False  # the addend broadened the product
+        if viewed and value.shape != out.shape and value.dim() > 1:
+            return False  # only a full addend is read back in (M, N)
+        return _routes(match.kwargs["a"], match.kwargs["b"], None, SAVED_BY_RESIDUAL)
+
+    return check
+
+
+def _replace_with_residual(viewed: bool):
+    """mm(a, b) + addend (perhaps viewed) becomes ws_mm_act(a, b, addend, activation="none"),
+    a full-shape addend behind the view read in the product's 2-D shape."""
+    def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
+        addend = kwargs["addend"]
+        if viewed and addend.meta["val"].dim() > 1:
+            product = _matched_view(match).args[0].meta["val"]
+            with match.graph.inserting_before(match.output_node()):
+                addend = match.graph.call_function(torch.ops.aten.reshape.default, (addend, list(product.shape)))
+            addend.meta["val"] = kwargs["addend"].meta["val"].reshape(product.shape)
+        _substitute(match, torch.ops.tritonblas.ws_mm_act.default, (kwargs["a"], kwargs["b"], addend), "none", viewed)
+
+    return replace
+
+
+def _residual_searches(view):
+    """The search functions of a residual add, either order (their parameters name the
+    pattern's inputs)."""
+    def product_first(a, b, addend):
+        return view(torch.mm(a, b)) + addend
+
+    def addend_first(a, b, addend):
+        return addend + view(torch.mm(a, b))
+
+    return product_first, addend_first
+
+
+def _trace_residual_patterns() -> pattern_matcher.PatternMatcherPass:
+    """mm(a, b) + addend, either order, the product perhaps viewed: a residual connection
+    after a projection (or a bias Inductor left apart from its GEMM), for every dtype."""
+    patterns = pattern_matcher.PatternMatcherPass()
+    for viewed in (False, True):
+        view = (lambda x: x.view(2, 4, 8)) if viewed else (lambda x: x)
+        for dtype, search in itertools.product(SUPPORTED_DTYPES, _residual_searches(view)):
+            example = (torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype),
+                       torch.empty((2, 4, 8) if viewed else (8, 8), dtype=dtype))
+            _register(patterns, search, example, viewed, _residual_fusable(viewed), _replace_with_residual(viewed))
     return patterns

@@ -205,7 +205,10 @@ def _preactivation_slope(a, b, bias, activation):
 
 def _ws_mm_act_backward(ctx, grad):
     a, b, bias = ctx.saved_tensors
-    grad_product = (grad.float() * _preactivation_slope(a, b, bias, ctx.activation)).to(grad.dtype)
+    if ctx.activation == "none":  # a @ b + bias (a residual fused): nothing to recompute
+        grad_product = grad
+    else:
+        grad_product = (grad.float() * _preactivation_slope(a, b, bias, ctx.activation)).to(grad.dtype)
     needs_a, needs_b, needs_bias = ctx.needs_input_grad
     grad_a = torch.ops.tritonblas.ws_mm(grad_product, b.mT) if needs_a else None
     grad_b = torch.ops.tritonblas.ws_mm(a.mT, grad_product) if needs_b else None

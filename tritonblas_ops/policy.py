@@ -10,8 +10,10 @@ timing at run time:
 - cuBLAS's time: the nearest neighbour's, scaled by the work (M * N * K, M as above);
 - the kernel's time: cuBLAS's times the worst ratio of the kernel's time to cuBLAS's among
   the neighbours (a conservative estimate);
-- a fused epilogue saves the traffic of the pointwise kernel it replaces: 2 * M * N elements
-  (the GEMM's output written and read once more), at the best bandwidth measured there;
+- a fused epilogue saves passes over output-sized memory (`saved_passes`: 2 where it takes
+  an activation, a gated product or an activation's backward, whose pointwise kernel read
+  the GEMM's output once more and wrote its own; 1 for a residual add, which Inductor may
+  fold into the next kernel), at the best bandwidth measured there;
 - a GEMM whose predicted time is below the op's host time per call is bound by the host
   (without CUDA graphs), where the opaque op costs more than torch.mm: not routed.
 Not routed either: a GPU without measurements (warned once per device), batched and grouped
@@ -39,7 +41,7 @@ NEIGHBOURHOOD = 1.0  # log2 of the largest factor between a neighbour's size and
 class Prediction:
     cublas_us: float
     kernel_us: float
-    saved_us: float  # by the fused epilogue: the pointwise kernel's time
+    saved_us: float  # by the fused epilogue: the memory passes it saves
 
     @property
     def routes(self) -> bool:
@@ -58,7 +60,7 @@ def alignment_class(n: int, k: int, element_size: int) -> str:
     return "aligned"
 
 
-def predict(gpu: dict, dtype: torch.dtype, m: int, n: int, k: int, *, fused: bool) -> Prediction | None:
+def predict(gpu: dict, dtype: torch.dtype, m: int, n: int, k: int, *, saved_passes: int) -> Prediction | None:
     """The kernel's and cuBLAS's predicted times for one GEMM on a measured GPU, or None
     where no measured shape is near enough."""
     shapes = gpu["shapes"].get(str(dtype).removeprefix("torch."), ())
@@ -78,31 +80,31 @@ def predict(gpu: dict, dtype: torch.dtype, m: int, n: int, k: int, *, fused: boo
         return None
     _, cublas_us, _ = min(neighbours)
     slowdown = max(ratio for _, _, ratio in neighbours)
-    saved_us = 2 * m * n * element_size / (gpu["bandwidth_gbps"] * 1e3) if fused else 0.0
+    saved_us = saved_passes * m * n * element_size / (gpu["bandwidth_gbps"] * 1e3)
     return Prediction(cublas_us, cublas_us * slowdown, saved_us)
 
 
 def faster(device: torch.device, dtype: torch.dtype, batches: int, m: int, n: int, k: int, *,
-           fused: bool = False, grouped: bool = False, tf32: bool = False) -> bool:
-    """Policy "auto"'s decision for one GEMM (its dtype, size hints, and whether an epilogue
-    is fused into it); `tf32`: whether FP32 GEMMs may run as TF32 (the measured FP32
-    runs did). CPU GEMMs (routed with route_cpu, run by the interpreter) are all routed."""
+           saved_passes: int = 0, grouped: bool = False, tf32: bool = False) -> bool:
+    """Policy "auto"'s decision for one GEMM (its dtype, size hints, and the output-sized
+    memory passes an epilogue fused into it saves); `tf32`: whether FP32 GEMMs may run as
+    TF32 (the measured FP32 runs did). CPU GEMMs (routed with route_cpu, run by the interpreter) are all routed."""
     gpu = measurements(device)
     if gpu is None:
         return device.type == "cpu"  # route_cpu's interpreter: no speed to predict
-    routes, reason = _decide(gpu, dtype, batches, m, n, k, fused, grouped, tf32)
+    routes, reason = _decide(gpu, dtype, batches, m, n, k, saved_passes, grouped, tf32)
     if log.isEnabledFor(logging.DEBUG):
-        what = f"{'grouped ' if grouped else ''}{batches}x{m}x{n}x{k} {dtype}{' fused' if fused else ''}"
+        what = f"{'grouped ' if grouped else ''}{batches}x{m}x{n}x{k} {dtype}{' fused' if saved_passes else ''}"
         log.debug("policy auto %s %s: %s", "routes" if routes else "leaves to Inductor", what, reason)
     return routes
 
 
-def _decide(gpu: dict, dtype, batches, m, n, k, fused, grouped, tf32) -> tuple[bool, str]:
+def _decide(gpu: dict, dtype, batches, m, n, k, saved_passes, grouped, tf32) -> tuple[bool, str]:
     if batches != 1 or grouped:
         return False, "no batched or grouped GEMM measured"
     if dtype == torch.float32 and not tf32:
         return False, "FP32 measured as TF32 only"
-    predicted = predict(gpu, dtype, m, n, k, fused=fused)
+    predicted = predict(gpu, dtype, m, n, k, saved_passes=saved_passes)
     if predicted is None:
         return False, "no measured shape within 2x"
     times = (f"kernel {predicted.kernel_us:.1f} us, cuBLAS {predicted.cublas_us:.1f} us"
