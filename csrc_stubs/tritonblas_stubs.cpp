@@ -1,7 +1,7 @@
 // torch.ops.tritonblas.* for processes without Python: the schemas, the input checks, the
 // output shapes (meta tensors, symbolic sizes included) and a plain aten fallback (at::mm /
 // addmm / bmm, the activation after them for ws_mm_act, the gate's before the product for
-// ws_mm_gated, on any device; at::_grouped_mm for
+// ws_mm_gated (or, for a slope, the activation's backward op), on any device; at::_grouped_mm for
 // ws_grouped_mm, whose rows past offs[-1] aten leaves unwritten where the Triton kernel writes zeros), so that a C++ process can load and run a model (an
 // AOTInductor package, an exported program) that calls these ops. No autograd formula: a
 // backward through the fallback goes through aten's, with torch's "no autograd kernel"
@@ -26,10 +26,12 @@
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/silu.h>
+#include <ATen/ops/silu_backward.h>
 #include <torch/library.h>
 
 #include <sstream>
@@ -174,11 +176,25 @@ at::Tensor ws_bmm(const at::Tensor& a, const at::Tensor& b) {
   return at::bmm(a, b);
 }
 
+bool is_activation(c10::string_view activation) {
+  return activation == "none" || activation == "relu" || activation == "gelu" ||
+         activation == "gelu_tanh" || activation == "silu";
+}
+
+// An activation's derivative, as ws_mm_gated's gate function (activations.SLOPES).
+bool is_slope(c10::string_view activation) {
+  return activation == "d_gelu" || activation == "d_gelu_tanh" || activation == "d_silu";
+}
+
 void check_activation(const char* op, c10::string_view activation) {
-  const bool known = activation == "none" || activation == "relu" || activation == "gelu" ||
-                     activation == "gelu_tanh" || activation == "silu";
-  TORCH_CHECK(known, op, ": activation must be one of ('none', 'relu', 'gelu', ",
-              "'gelu_tanh', 'silu'), got '", activation, "'");
+  TORCH_CHECK(is_activation(activation), op, ": activation must be one of ('none', 'relu', ",
+              "'gelu', 'gelu_tanh', 'silu'), got '", activation, "'");
+}
+
+void check_gate_function(const char* op, c10::string_view activation) {
+  TORCH_CHECK(is_activation(activation) || is_slope(activation), op,
+              ": activation must be one of ('none', 'relu', 'gelu', 'gelu_tanh', 'silu', ",
+              "'d_gelu', 'd_gelu_tanh', 'd_silu'), got '", activation, "'");
 }
 
 at::Tensor activated(const at::Tensor& x, c10::string_view activation) {
@@ -211,11 +227,17 @@ at::Tensor ws_mm_gated(const at::Tensor& a, const at::Tensor& b, const at::Tenso
                        c10::string_view activation) {
   check_operands("ws_mm_gated", a, b, 2);
   check_bias(gate, a, b, "ws_mm_gated", "gate");
-  check_activation("ws_mm_gated", activation);
+  check_gate_function("ws_mm_gated", activation);
   if (a.is_meta()) {
     return at::empty_symint({a.sym_size(0), b.sym_size(1)}, a.options());
   }
-  return at::mul(activated(gate, activation), at::mm(a, b));
+  const at::Tensor product = at::mm(a, b);
+  if (is_slope(activation)) {  // the product is the incoming gradient
+    const at::Tensor x = gate.expand(product.sizes());
+    return activation == "d_silu" ? at::silu_backward(product, x)
+                                  : at::gelu_backward(product, x, activation == "d_gelu" ? "none" : "tanh");
+  }
+  return at::mul(activated(gate, activation), product);
 }
 
 at::Tensor ws_grouped_mm(const at::Tensor& a, const at::Tensor& b,

@@ -63,6 +63,7 @@ def test_fallback_kernels_are_aten(stubs):
     result, _ = stubs_only(stubs, """
         ops = torch.ops.tritonblas
         a, b, bias = torch.randn(19, 23), torch.randn(23, 29), torch.randn(29)
+        h = torch.randn(19, 29)  # an activation's input: the gate of a slope
         a3, b3 = torch.randn(3, 19, 23), torch.randn(3, 23, 29)
         t = lambda x: x.mT.contiguous().mT
         nan_bias = torch.full((29,), float("nan"))
@@ -80,6 +81,10 @@ def test_fallback_kernels_are_aten(stubs):
             "mm_act_silu": (ops.ws_mm_act(a, b, None, activation="silu"), torch.nn.functional.silu(a @ b)),
             "mm_gated_silu": (ops.ws_mm_gated(a, b, bias, activation="silu"),
                               torch.nn.functional.silu(bias) * (a @ b)),
+            "mm_gated_d_gelu_tanh": (ops.ws_mm_gated(a, b, h, activation="d_gelu_tanh"),
+                                     torch.ops.aten.gelu_backward(a @ b, h, approximate="tanh")),
+            "mm_gated_d_silu": (ops.ws_mm_gated(a, b, h, activation="d_silu"),
+                                torch.ops.aten.silu_backward(a @ b, h)),
         }
         result["equal"] = {k: torch.equal(ours, ref) for k, (ours, ref) in cases.items()}
         meta = lambda *shape: torch.empty(shape, device="meta")
@@ -95,6 +100,10 @@ def test_fallback_kernels_are_aten(stubs):
             ops.ws_mm_act(a, b, None, activation="tanh")
         except RuntimeError as e:
             result["bad_activation"] = str(e).splitlines()[0]
+        try:
+            ops.ws_mm_gated(a, b, h, activation="tanh")
+        except RuntimeError as e:
+            result["bad_gate_function"] = str(e).splitlines()[0]
 
         # Under torch.compile the op stays one opaque call (no Python decomposition here), and
         # its shape function takes symbolic sizes: compiled once for two sizes.
@@ -116,6 +125,8 @@ def test_fallback_kernels_are_aten(stubs):
     assert result["equal"] == {k: True for k in result["equal"]}
     assert result["meta_shapes"] == [[4, 6], [4, 6], [2, 4, 6], [4, 6], [4, 6], [9, 6]]
     assert result["bad_activation"] == first_error_line("ws_mm_act", "torch.randn(19, 23), torch.randn(23, 29), None, activation='tanh'")
+    assert result["bad_gate_function"] == first_error_line(
+        "ws_mm_gated", "torch.randn(19, 23), torch.randn(23, 29), torch.randn(19, 29), activation='tanh'")
     assert result["compiled_close"] == [True, True]
     assert result["graphs"] == 1
     assert result["graph_targets"] == ["tritonblas.ws_addmm.default", "tritonblas.ws_mm.default"]

@@ -882,6 +882,7 @@ def _inline_fused(code: str, activations: set, gates: int) -> bool:
 GPU_FUSION_CASES = {
     "mlp": (MLP, ["ws_addmm", "ws_mm_act", "ws_mm_act"], {"gelu_tanh", "silu"}, 0),
     "glu": (GLU, ["ws_mm", "ws_mm", "ws_mm_gated"], {"silu"}, 1),
+    "residual": (Residual, ["ws_mm_act", "ws_mm_act", "ws_mm_act"], {"relu", "none"}, 0),
 }
 
 
