@@ -92,12 +92,7 @@ def _replace_with_gated(activation: str, viewed: bool):
     """act(gate) * mm(a, b) (perhaps viewed) becomes ws_mm_gated(a, b, gate), the gate read
     in the product's 2-D shape."""
     def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
-        gate = kwargs["gate"]
-        if viewed:
-            product = _matched_view(match).args[0].meta["val"]
-            with match.graph.inserting_before(match.output_node()):
-                gate = match.graph.call_function(torch.ops.aten.reshape.default, (gate, list(product.shape)))
-            gate.meta["val"] = kwargs["gate"].meta["val"].reshape(product.shape)
+        gate = _read_as_product(match, kwargs["gate"]) if viewed else kwargs["gate"]
         _substitute(match, torch.ops.tritonblas.ws_mm_gated.default, (kwargs["a"], kwargs["b"], gate),
                     activation, viewed)
 
@@ -126,6 +121,16 @@ def _substitute(match: pattern_matcher.Match, op, args: tuple, activation: str, 
     fused.meta.update(out.meta)
     out.replace_all_uses_with(fused)
     match.erase_nodes()
+
+
+def _read_as_product(match: pattern_matcher.Match, operand: torch.fx.Node) -> torch.fx.Node:
+    """An operand of the viewed product's shape, reshaped to the GEMM's 2-D output shape
+    (before the match's output), as the fused op's epilogue reads it."""
+    product = _matched_view(match).args[0].meta["val"]
+    with match.graph.inserting_before(match.output_node()):
+        reshaped = match.graph.call_function(torch.ops.aten.reshape.default, (operand, list(product.shape)))
+    reshaped.meta["val"] = operand.meta["val"].reshape(product.shape)
+    return reshaped
 
 
 def _matched_view(match: pattern_matcher.Match) -> torch.fx.Node:
@@ -295,10 +300,7 @@ def _replace_with_residual(viewed: bool):
     def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
         addend = kwargs["addend"]
         if viewed and addend.meta["val"].dim() > 1:
-            product = _matched_view(match).args[0].meta["val"]
-            with match.graph.inserting_before(match.output_node()):
-                addend = match.graph.call_function(torch.ops.aten.reshape.default, (addend, list(product.shape)))
-            addend.meta["val"] = kwargs["addend"].meta["val"].reshape(product.shape)
+            addend = _read_as_product(match, addend)
         _substitute(match, torch.ops.tritonblas.ws_mm_act.default, (kwargs["a"], kwargs["b"], addend), "none", viewed)
 
     return replace
