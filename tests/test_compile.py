@@ -58,8 +58,10 @@ def test_grouped_kernel_compiles(ragged, use_tma, int64_index, live_budget):
 
 
 @pytest.mark.parametrize("use_tma,split_k,work_stealing", [(True, 1, True), (False, 1, True), (True, 4, True),
-                                                         (False, 2, False)])
+                                                         (False, 2, False), ("operands", 1, True)])
 def test_gemm_kernel_compiles(use_tma, split_k, work_stealing):
+    """use_tma "operands": A's and B's descriptors from the host, C's made by the programs (the
+    inline form under CUDA graphs)."""
     constants = dict(TILE, SPLIT_K=split_k, K_CHUNKS=1, SUM_ROWS=32, WORK_STEALING=work_stealing,
                      INT64_INDEX=False, USE_TMA=use_tma, A_ROW_MAJOR=True, B_ROW_MAJOR=True, TMA_STORE=use_tma,
                      ACTIVATION="silu", GATE=split_k == 1, unit_counts_ptr=None)
@@ -68,6 +70,9 @@ def test_gemm_kernel_compiles(use_tma, split_k, work_stealing):
     descriptors = {}
     if use_tma:
         descriptors = {"a_desc": descriptor(128, 64), "b_desc": descriptor(64, 256), "c_desc": descriptor(128, 256)}
+        if use_tma == "operands":
+            del descriptors["c_desc"]
+            constants.update(USE_TMA=True, TMA_STORE=True, c_desc=None)
     else:
         constants.update(a_desc=None, b_desc=None, c_desc=None)
     assert compile_for_hopper(ws_matmul_kernel, constants, descriptors).asm["ptx"]

@@ -463,6 +463,36 @@ def test_inline_uses_tma_where_inductor_keeps_operands_aligned():
     assert planned_tma(code) == [(True, True), (False, False), (True, True)]
 
 
+@pytest.mark.parametrize("graphed", [False, True])
+def test_inline_operand_descriptors_built_on_the_host_under_cuda_graphs(graphed):
+    """Under CUDA graphs (mode="reduce-overhead") the generated code builds A's and B's
+    tensor descriptors on the host, laid out as the eager launch's (a column-major operand
+    as its transpose) and passes them to the launch, so the programs need not make them;
+    C's stays the programs' (Inductor must see the store to keep the launch). Without CUDA
+    graphs the programs make all three (no host time per call)."""
+    settings.update(path="inline", cpu=True, inline_cpu=True)
+
+    def fn(x, y):
+        return (x + 1) @ (y + 1).T  # B column-major
+
+    options = {"triton.cudagraphs": graphed}
+    with torch.no_grad(), mock.patch.object(devices, "has_tma", lambda device: True):
+        code = generated_code_only(fn, randn(64, 32), randn(48, 32), options=options)
+    assert planned_tma(code) == [(True, True)]
+    built = re.findall(r"(\w+) = triton\.tools\.tensor_descriptor\.TensorDescriptor\.from_tensor\("
+                       r"reinterpret_tensor\(\w+, \(([\d, ]+)\), \([\d, ]+\), 0\), \(([\d, ]+)\)\)", code)
+    views = re.sub(r"reinterpret_tensor\((\w+), \([^)]*\), \([^)]*\), \w+\)", r"\1", code)
+    launch = re.search(r"\bws_matmul_kernel_\d+\.run\(([^)]*)\)", views).group(1).split(", ")
+    descriptor_args = launch[8:11]  # a_desc, b_desc, c_desc (-1: None)
+    if not graphed:
+        assert built == [] and descriptor_args == ["-1", "-1", "-1"]
+        return
+    # (batch, rows, columns) with one-batch boxes: A (64, 32) as it is, B = (y + 1).T as (48, 32)
+    assert [shape for _, shape, _ in built] == ["1, 64, 32", "1, 48, 32"]
+    assert all(box.startswith("1, ") for _, _, box in built)
+    assert descriptor_args == [built[0][0], built[1][0], "-1"]
+
+
 def test_inline_gemms_of_a_graph_share_one_counter_buffer(m_dependent_tiles):
     """Every launch leaves its counters at zero, so a graph's routed GEMMs take one zeroed
     buffer (one fill per graph, not per GEMM), in program order; a split-K GEMM, which needs
@@ -583,6 +613,30 @@ def test_gpu_inline_gemms_sharing_counters_are_bitwise_the_op():
     wants = [h, mm(x, w), mm(mm(x, w), v), mm(mm(h, v), v)]
     for out, want in zip(outs, wants):
         torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_inline_under_cuda_graphs_is_bitwise_the_op():
+    """mode="reduce-overhead": the generated code builds A's and B's descriptors on the host
+    (a Linear's weight column-major, a decode GEMM swapped), the graph replays them on new
+    inputs, and every output is the op's bits."""
+    settings.update(path="inline")
+    w, v = randn(2048, 4096, dtype=torch.bfloat16, device="cuda"), randn(2048, 512, dtype=torch.bfloat16, device="cuda")
+
+    def fn(x, d):
+        return F.linear(x, w), F.linear(d, w), x[:, :2048] @ v
+
+    compiled = torch.compile(fn, mode="reduce-overhead")
+    for step in range(3):  # warmup, recording, replay
+        x, d = randn(1000, 4096, dtype=torch.bfloat16, device="cuda"), randn(5, 4096, dtype=torch.bfloat16, device="cuda")
+        outs, codes = run_and_get_code(compiled, x, d) if step == 0 else (compiled(x, d), None)
+        if codes is not None:
+            tma_launches = [load for load, _ in planned_tma(codes[0]) if load]
+            assert tma_launches and len(re.findall(r"TensorDescriptor\.from_tensor\(", codes[0])) == 2 * len(tma_launches)
+        wants = (torch.ops.tritonblas.ws_mm(x, w.T), torch.ops.tritonblas.ws_mm(d, w.T),
+                 torch.ops.tritonblas.ws_mm(x[:, :2048], v))
+        for out, want in zip(outs, wants):
+            torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

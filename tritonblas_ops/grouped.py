@@ -30,7 +30,7 @@ from tritonblas_ops.device import COUNTER_STRIDE
 from tritonblas_ops.config import TileConfig, select_config
 from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES, _check, _check_tensor, _register_autograd
-from tritonblas_ops.plan import Operand, _describable, _max_offset, shard_setting, tf32_enabled
+from tritonblas_ops.plan import Operand, _describable, _max_offset, descriptor_layout, shard_setting, tf32_enabled
 from tritonblas_ops.scheduler import WorkQueue
 from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
 
@@ -259,10 +259,10 @@ def _launch_kernel(plan: GroupedPlan, a, b, c, offs, counters, unit_counts) -> N
     if plan.use_tma and plan.ragged == "k":
         launch.ensure_scratch_allocator()  # for the programs' descriptors
     elif plan.use_tma:
-        a_desc = launch._descriptor(a, (a.shape[0] if a.dim() == 3 else 1, m, k), (sab, sam, sak),
-                                    config.block_m, config.block_k)
-        b_desc = launch._descriptor(b, (b.shape[0] if b.dim() == 3 else 1, k, n), (sbb, sbk, sbn),
-                                    config.block_k, config.block_n)
+        a_desc = launch.host_descriptor(a, descriptor_layout((a.shape[0] if a.dim() == 3 else 1, m, k),
+                                                             (sab, sam, sak), config.block_m, config.block_k))
+        b_desc = launch.host_descriptor(b, descriptor_layout((b.shape[0] if b.dim() == 3 else 1, k, n),
+                                                             (sbb, sbk, sbn), config.block_k, config.block_n))
     kernel = interpreter.interpreted(ws_grouped_kernel) if a.device.type == "cpu" else ws_grouped_kernel
     kernel[(plan.grid,)](
         a, b, c, offs, counters, unit_counts, budget.live_budget_word(a.device),

@@ -24,6 +24,7 @@ from tritonblas_ops.config import TileConfig
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.plan import (
     COPY_ROW_BYTES,
+    DescriptorLayout,
     Knobs,
     LaunchPlan,
     Operand,
@@ -268,27 +269,13 @@ ws_matmul_kernel.add_pre_run_hook(_scratch_for_program_descriptors)
 
 
 def _host_descriptors(plan: LaunchPlan, a, b, c) -> tuple:
-    """A's, B's and (under TMA_STORE) C's tensor descriptors, as the kernel's
-    _program_descriptor makes them: (batch, rows, columns) with one-batch boxes, a
-    column-major operand described as its transpose."""
-    m, n, k, batches = plan.sizes
-    stride_a, stride_b, stride_c, _ = plan.strides
-    config = plan.config
-    bm, bn, bk = config.block_m, config.block_n, config.block_k
-    return (_descriptor(a, (batches, m, k), stride_a, bm, bk),
-            _descriptor(b, (batches, k, n), stride_b, bk, bn),
-            _descriptor(c, (batches, m, n), stride_c, bm, bn) if plan.tma_store else None)
+    """A's, B's and (under TMA_STORE) C's tensor descriptors, as the plan lays them out."""
+    return tuple(host_descriptor(t, layout) if layout is not None else None
+                 for t, layout in zip((a, b, c), plan.descriptor_layouts()))
 
 
-def _descriptor(base: torch.Tensor, shape, stride, box_rows: int, box_cols: int) -> TensorDescriptor:
-    batches, rows, cols = shape
-    batch_stride, row_stride, col_stride = stride
-    if col_stride != 1:
-        rows, cols, row_stride, box_rows, box_cols = cols, rows, col_stride, box_cols, box_rows
-    if batches == 1:  # unused; must be a 16-byte multiple, as in the kernel
-        batch_stride = row_stride * rows
-    return TensorDescriptor(base, [batches, rows, cols], [batch_stride, row_stride, 1],
-                            [1, box_rows, box_cols])
+def host_descriptor(base: torch.Tensor, layout: DescriptorLayout) -> TensorDescriptor:
+    return TensorDescriptor(base, list(layout.shape), list(layout.strides), list(layout.box))
 
 
 # ---------------------------------------------------------------------------------------

@@ -21,10 +21,12 @@ A routed GEMM becomes one of two things (settings' `path`):
   zeroed counters (one buffer for all GEMMs of a graph) and the split-K workspace as its own
   buffers: no Python op call per GEMM.
   For static shapes the plan is the eager op's, so results are bitwise the op's. Operands
-  move by TMA (descriptors made by the programs) where Inductor keeps their bases 16-byte
-  aligned: buffers it allocates, and graph inputs whose example was aligned (Inductor
-  copies a later misaligned one before the call), at offsets known to keep that; by
-  pointer loads otherwise. With symbolic sizes: one program per SM and whole-K tiles.
+  move by TMA where Inductor keeps their bases 16-byte aligned: buffers it allocates, and
+  graph inputs whose example was aligned (Inductor copies a later misaligned one before
+  the call), at offsets known to keep that; by pointer loads otherwise. The programs make
+  the tensor descriptors, except under CUDA graphs, where the generated code builds A's
+  and B's on the host (a cost per call that the replays do not pay). With symbolic sizes:
+  one program per SM and whole-K tiles.
 CPU tensors (only with settings' `cpu`, for tests and demos) take the opaque call, whose op
 runs the kernel through Triton's interpreter: the inline kernel needs a device Triton
 compiles for.
@@ -51,6 +53,7 @@ import weakref
 import sympy
 import torch
 import triton
+from torch._inductor import config as inductor_config
 from torch._inductor import ir
 from torch._inductor import lowering as inductor_lowering
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
@@ -201,7 +204,7 @@ def _emit_inline(a, b, bias, alpha: float, beta: float, activation: str = "none"
         batch_invariant=settings.current().batch_invariant,
         dynamic=not all(isinstance(s, (int, sympy.Integer)) for s in sizes),
         fits_int32=lambda offset: sizevars.statically_known_lt(offset, 2**31 - 1),
-        activation=activation,
+        activation=activation, graphed=inductor_config.triton.cudagraphs,
     )
     out_shape = list(the_plan.out_shape)
     if the_plan.outcome is Outcome.EMPTY:
@@ -225,6 +228,9 @@ def _emit_inline(a, b, bias, alpha: float, beta: float, activation: str = "none"
                                                 device=device)
                 if the_plan.partials_numel else None)
     a_arg, b_arg = (b, a) if the_plan.swap_ab else (a, b)
+    descriptors, descriptor_metadata = (None, None, None), {}
+    if the_plan.host_descriptors:
+        descriptors, descriptor_metadata = _host_descriptors(the_plan, a_arg, b_arg)
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
     # Added at every lowering: torch._dynamo.reset() empties the side table.
@@ -232,11 +238,25 @@ def _emit_inline(a, b, bias, alpha: float, beta: float, activation: str = "none"
     _compat.user_defined_triton_kernel(
         kernel_idx=kernel_side_table.add_kernel(kernel),
         grid=[(the_plan.grid, 1, 1)],
-        tma_descriptor_metadata={},
+        tma_descriptor_metadata=descriptor_metadata,
         kernel_args=the_plan.arguments(a_arg, b_arg, c, bias if the_plan.keep_bias else None,
-                                       counters, partials, (None, None, None), alpha, beta),
+                                       counters, partials, descriptors, alpha, beta),
     )
     return c
+
+
+def _host_descriptors(the_plan, a, b) -> tuple:
+    """Views of A and B laid out as the plan's tensor descriptors describe them, and the
+    metadata by which Inductor builds their descriptors in the generated code before the
+    launch (TensorDescriptor.from_tensor, the box as its block shape). C's descriptor stays
+    the programs' (made from c_ptr): Inductor's analysis of what a kernel writes (torch
+    2.13) does not see a store through a descriptor argument, and would drop the launch."""
+    views, metadata = [], {}
+    a_layout, b_layout, _ = the_plan.descriptor_layouts()
+    for name, x, layout in (("a_desc", a, a_layout), ("b_desc", b, b_layout)):
+        views.append(L[aten.as_strided.default](x, list(layout.shape), list(layout.strides)))
+        metadata[name] = ("stable", (tuple(layout.box),))  # hashable: Inductor caches by it
+    return (*views, None), metadata
 
 
 _graph_counters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> {device: buffer}

@@ -180,9 +180,40 @@ class LaunchPlan:
             **_epilogue_constants(self.activation),
         )
 
+    def descriptor_layouts(self) -> tuple:
+        """A's, B's and (under TMA_STORE) C's DescriptorLayout, as launched (None for C
+        without a TMA store)."""
+        m, n, k, batches = self.sizes
+        stride_a, stride_b, stride_c, _ = self.strides
+        bm, bn, bk = self.config.block_m, self.config.block_n, self.config.block_k
+        return (descriptor_layout((batches, m, k), stride_a, bm, bk),
+                descriptor_layout((batches, k, n), stride_b, bk, bn),
+                descriptor_layout((batches, m, n), stride_c, bm, bn) if self.tma_store else None)
+
     @property
     def launch_options(self) -> dict:
         return dict(num_warps=self.config.num_warps, num_stages=self.config.num_stages)
+
+
+@dataclasses.dataclass(frozen=True)
+class DescriptorLayout:
+    """What a host-built tensor descriptor of a (batch, rows, cols) operand says, as the
+    kernel's _program_descriptor makes it in the programs: a box of (1 batch, rows, columns),
+    so one descriptor serves every tile of every batch; a column-major operand described
+    as its transpose."""
+    shape: tuple  # (batches, rows, columns) as described
+    strides: tuple  # (batch, row, 1)
+    box: tuple  # (1, box rows, box columns)
+
+
+def descriptor_layout(shape: tuple, stride: tuple, box_rows: int, box_cols: int) -> DescriptorLayout:
+    batches, rows, cols = shape
+    batch_stride, row_stride, col_stride = stride
+    if col_stride != 1:
+        rows, cols, row_stride, box_rows, box_cols = cols, rows, col_stride, box_cols, box_rows
+    if batches == 1:  # unused; must be a 16-byte multiple, as in the kernel
+        batch_stride = row_stride * rows
+    return DescriptorLayout((batches, rows, cols), (batch_stride, row_stride, 1), (1, box_rows, box_cols))
 
 
 def _epilogue_constants(epilogue: str) -> dict:
@@ -204,12 +235,15 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
          batch_invariant: bool = False, max_programs: int | None = None,
          live_budget: torch.Tensor | None = None, activation: str = "none",
          hint: Callable = lambda size: size, dynamic: bool = False,
-         fits_int32: Callable[[object], bool] | None = None, out: Operand | None = None) -> LaunchPlan:
+         fits_int32: Callable[[object], bool] | None = None, out: Operand | None = None,
+         graphed: bool = False) -> LaunchPlan:
     """The launch of alpha * a @ b + beta * bias for (B, M, K) and (B, K, N) operands (a 2-D
     GEMM is one batch), bias None or broadcastable to (M, N).
 
     traced: the operands have no data yet (FakeTensors, or Inductor's IR): no copies that
-    only pay on real data, and descriptors made by the programs. Inductor passes `hint` (the
+    only pay on real data, and descriptors made by the programs, unless `graphed` (a CUDA
+    graph replays the traced launch, so descriptors built on the host cost no time per
+    run, and the programs save making them). Inductor passes `hint` (the
     sizes it plans for), `dynamic` (some size is symbolic: one program per SM, no K split,
     no swap) and `fits_int32` (whether an offset is known to stay below 2**31 - 1). `out`:
     the (B, M, N) output's layout when it is not a fresh tensor's. batch_invariant: the K
@@ -299,7 +333,9 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     elif use_tma and not describable:
         raise ValueError("use_tma=True needs 16-byte aligned operands with a unit stride")
     tma_store = use_tma and c.stride[2] == 1 and _describable(c)
-    host_descriptors = not traced if knobs.host_descriptors is None else knobs.host_descriptors
+    host_descriptors = knobs.host_descriptors
+    if host_descriptors is None:
+        host_descriptors = not traced or (graphed and not dynamic)
 
     offsets = [_max_offset(t.shape, t.stride) for t in (a, b, c)]
     if keep_bias:
