@@ -6,6 +6,7 @@ Everything else in the package uses APIs that are the same in all of them.
 
 import inspect
 
+from torch._higher_order_ops import triton_kernel_wrap
 from torch._inductor import config as inductor_config
 from torch._inductor import custom_graph_pass
 from torch._inductor import ir
@@ -84,3 +85,11 @@ def inductor_buffer_aligned(name: str) -> bool:
         return True
     buffer = graph.get_buffer(name)
     return buffer is not None and not isinstance(buffer.get_layout(), ir.NonOwningLayout)
+
+
+# Inductor's analysis of what a user-defined Triton kernel reads and writes: torch 2.13's
+# traces tensor-descriptor arguments built on the host; 2.11's fails on them (it traces the
+# kernel with a host TensorDescriptor where the descriptor goes) and then counts every input
+# as written, which makes CUDA graphs skip a graph whose inputs feed such a kernel. Detected
+# by 2.13's entry point to that analysis.
+HOST_DESCRIPTOR_ARGUMENTS = hasattr(triton_kernel_wrap, "identify_accessed_tensors")

@@ -25,7 +25,8 @@ A routed GEMM becomes one of two things (settings' `path`):
   graph inputs whose example was aligned (Inductor copies a later misaligned one before
   the call), at offsets known to keep that; by pointer loads otherwise. The programs make
   the tensor descriptors, except under CUDA graphs, where the generated code builds A's
-  and B's on the host (a cost per call that the replays do not pay). With symbolic sizes:
+  and B's on the host (a cost per call that the replays do not pay; torch 2.13 and later,
+  _compat.HOST_DESCRIPTOR_ARGUMENTS). With symbolic sizes:
   one program per SM and whole-K tiles.
 CPU tensors (only with settings' `cpu`, for tests and demos) take the opaque call, whose op
 runs the kernel through Triton's interpreter: the inline kernel needs a device Triton
@@ -204,7 +205,8 @@ def _emit_inline(a, b, bias, alpha: float, beta: float, activation: str = "none"
         batch_invariant=settings.current().batch_invariant,
         dynamic=not all(isinstance(s, (int, sympy.Integer)) for s in sizes),
         fits_int32=lambda offset: sizevars.statically_known_lt(offset, 2**31 - 1),
-        activation=activation, graphed=inductor_config.triton.cudagraphs,
+        activation=activation,
+        graphed=inductor_config.triton.cudagraphs and _compat.HOST_DESCRIPTOR_ARGUMENTS,
     )
     out_shape = list(the_plan.out_shape)
     if the_plan.outcome is Outcome.EMPTY:
