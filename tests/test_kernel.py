@@ -4,9 +4,11 @@ counters are not all zero at launch."""
 
 import dataclasses
 import itertools
+from unittest import mock
 
 import pytest
 import torch
+import triton
 
 from tritonblas_ops import activations, counters, interpreter, launch, relayout, scheduler
 from tritonblas_ops.config import TileConfig
@@ -359,3 +361,18 @@ def test_a_static_split_k_arrival_left_set_is_caught():
 
     _, problems = launch_on_counters(a, b, config, left_set, schedule=Schedule.STATIC, num_programs=16)
     assert any("arrival counter of tile 0" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("triton_version,numpy_version,works", [
+    ("3.6.0", "2.3.5", True), ("3.6.0", "2.4.0", False), ("3.7.0", "2.5.2", True)])
+def test_interpreter_refuses_triton_and_numpy_that_disagree(triton_version, numpy_version, works):
+    """Triton 3.6's interpreter cannot run with numpy 2.4 (a loop bound held as a
+    one-element array): the first CPU launch says which versions to install instead of
+    failing inside the kernel."""
+    with mock.patch.object(triton, "__version__", triton_version), \
+            mock.patch.object(interpreter.np, "__version__", numpy_version):
+        if works:
+            interpreter._check_numpy()
+        else:
+            with pytest.raises(RuntimeError, match=r"numpy<2\.4 or triton>=3\.7"):
+                interpreter._check_numpy()

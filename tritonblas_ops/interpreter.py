@@ -27,6 +27,7 @@ class InterpretedKernel:
     def __init__(self, jit_function):
         from triton.runtime.interpreter import InterpretedFunction
 
+        _check_numpy()
         self._kernel = InterpretedFunction(jit_function.fn)
         self._helpers = {}
 
@@ -66,6 +67,20 @@ class InterpretedKernel:
             return helpers[id(jit_fn)].rewrite()(*args, **kwargs)
 
         return interpreted_call
+
+
+def _check_numpy() -> None:
+    """Triton 3.6's interpreter turns a one-element array into a loop bound with int(),
+    which numpy 2.4 refuses for arrays of one dimension (Triton 3.7 squeezes it first)."""
+    import triton
+
+    old_triton = tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 7)
+    if old_triton and tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
+        raise RuntimeError(
+            f"tritonblas_ops runs CPU tensors through Triton's interpreter, which in Triton "
+            f"{triton.__version__} does not work with numpy {np.__version__}: install "
+            f"numpy<2.4 or triton>=3.7 (GPU tensors are not affected)"
+        )
 
 
 @functools.cache
