@@ -94,6 +94,7 @@ def test_decisions_on_the_h200(monkeypatch):
     assert measured_ratio("bfloat16", 16, 4096, 4096) < 1
     assert predict(H200, BF16, 16, 4096, 4096, saved_passes=0).routes
     assert not policy.faster(CUDA, BF16, 1, 16, 4096, 4096)
+    assert policy.faster(CUDA, BF16, 1, 16, 4096, 4096, graphed=True)  # CUDA graphs: no host time
     # FP32 was measured as TF32 only.
     fp32_shape = next((m, n, k) for m, n, k, c, w in H200["shapes"]["float32"]
                       if predict(H200, torch.float32, m, n, k, saved_passes=0).routes
@@ -178,6 +179,16 @@ def test_auto_routes_only_what_the_measurements_predict_faster(stand_in_gpu):
     assert compiled_ops(torch.mm, half(64, 256), half(256, 256)) == []
     assert compiled_ops(torch.mm, half(8, 4), half(4, 8)) == []  # no neighbour
     assert compiled_ops(torch.bmm, half(2, 64, 64), half(2, 64, 64)) == []  # batched: none measured
+
+
+def test_auto_routes_host_bound_gemms_only_under_cuda_graphs(stand_in_gpu, monkeypatch):
+    """A GEMM predicted faster than cuBLAS but shorter than the op's host time is left to
+    Inductor, unless the graph is compiled for CUDA graphs, whose replays pay no host time."""
+    monkeypatch.setattr(policy, "measurements", lambda device: {**STAND_IN, "host_us": 100.0})
+    x, w = half(64, 64), half(64, 64)
+    assert compiled_ops(torch.mm, x, w) == []
+    with torch._inductor.config.patch({"triton.cudagraphs": True}):
+        assert compiled_ops(torch.mm, x, w) == ["ws_mm"]
 
 
 def test_auto_routes_a_slower_gemm_whose_fused_epilogue_saves_more(stand_in_gpu):

@@ -129,7 +129,7 @@ def routable(devices: list, dtypes: list, batches: int, m: int, n: int, k: int, 
     if state.policy is Policy.SHARED:
         return _shared_routes(batches, m, n, k)
     return policy.faster(device, dtypes[0], batches, m, n, k, saved_passes=saved_passes, grouped=grouped,
-                         tf32=tf32_enabled())
+                         tf32=tf32_enabled(), graphed=inductor_config.triton.cudagraphs)
 
 
 def _cache_key_installed() -> bool:

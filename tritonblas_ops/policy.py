@@ -14,8 +14,9 @@ timing at run time:
   an activation, a gated product or an activation's backward, whose pointwise kernel read
   the GEMM's output once more and wrote its own; 1 for a residual add, which Inductor may
   fold into the next kernel), at the best bandwidth measured there;
-- a GEMM whose predicted time is below the op's host time per call is bound by the host
-  (without CUDA graphs), where the opaque op costs more than torch.mm: not routed.
+- a GEMM whose predicted time is below the op's host time per call is bound by the host,
+  where the opaque op costs more than torch.mm: not routed, unless the graph is compiled
+  for CUDA graphs (`mode="reduce-overhead"`), whose replays pay no host time per GEMM.
 Not routed either: a GPU without measurements (warned once per device), batched and grouped
 GEMMs (none measured yet), FP32 without TF32, and any GEMM without a measured neighbour.
 Each decision and its reason is logged at DEBUG to the "tritonblas_ops.policy" logger.
@@ -85,21 +86,22 @@ def predict(gpu: dict, dtype: torch.dtype, m: int, n: int, k: int, *, saved_pass
 
 
 def faster(device: torch.device, dtype: torch.dtype, batches: int, m: int, n: int, k: int, *,
-           saved_passes: int = 0, grouped: bool = False, tf32: bool = False) -> bool:
+           saved_passes: int = 0, grouped: bool = False, tf32: bool = False, graphed: bool = False) -> bool:
     """Policy "auto"'s decision for one GEMM (its dtype, size hints, and the output-sized
     memory passes an epilogue fused into it saves); `tf32`: whether FP32 GEMMs may run as
-    TF32 (the measured FP32 runs did). CPU GEMMs (routed with route_cpu, run by the interpreter) are all routed."""
+    TF32 (the measured FP32 runs did); `graphed`: CUDA graphs replay it (no host time per
+    call). CPU GEMMs (routed with route_cpu, run by the interpreter) are all routed."""
     gpu = measurements(device)
     if gpu is None:
         return device.type == "cpu"  # route_cpu's interpreter: no speed to predict
-    routes, reason = _decide(gpu, dtype, batches, m, n, k, saved_passes, grouped, tf32)
+    routes, reason = _decide(gpu, dtype, batches, m, n, k, saved_passes, grouped, tf32, graphed)
     if log.isEnabledFor(logging.DEBUG):
         what = f"{'grouped ' if grouped else ''}{batches}x{m}x{n}x{k} {dtype}{' fused' if saved_passes else ''}"
         log.debug("policy auto %s %s: %s", "routes" if routes else "leaves to Inductor", what, reason)
     return routes
 
 
-def _decide(gpu: dict, dtype, batches, m, n, k, saved_passes, grouped, tf32) -> tuple[bool, str]:
+def _decide(gpu: dict, dtype, batches, m, n, k, saved_passes, grouped, tf32, graphed) -> tuple[bool, str]:
     if batches != 1 or grouped:
         return False, "no batched or grouped GEMM measured"
     if dtype == torch.float32 and not tf32:
@@ -109,7 +111,7 @@ def _decide(gpu: dict, dtype, batches, m, n, k, saved_passes, grouped, tf32) -> 
         return False, "no measured shape within 2x"
     times = (f"kernel {predicted.kernel_us:.1f} us, cuBLAS {predicted.cublas_us:.1f} us"
              f" + {predicted.saved_us:.1f} us saved by the fused epilogue")
-    if predicted.kernel_us < gpu["host_us"]:
+    if predicted.kernel_us < gpu["host_us"] and not graphed:
         return False, f"{times}: under the op's host time ({gpu['host_us']} us)"
     return predicted.routes, times
 
