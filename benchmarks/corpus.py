@@ -104,7 +104,9 @@ _DESIGN_NAMES = ("sq8192", "4864x8192x4160", "4096x14336x4096", "3000x5000x2000"
                  "1000x1000x1000")
 DESIGN = [s for name in _DESIGN_NAMES for s in FULL if s.name == name]
 
-CORPORA = {"full": FULL, "quick": QUICK, "design": DESIGN}
+MODELS = [s for s in FULL if s.group == "models"]  # what policy "auto" needs for the model benchmark
+
+CORPORA = {"full": FULL, "quick": QUICK, "design": DESIGN, "models": MODELS}
 
 
 def parse_shapes(text: str) -> list[Shape]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [contention] [overhead] [models_small] [models_8b] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_moe]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [bench_models] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_moe]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
 # (AOTInductor compiles), bench ~2 min (68 shapes; 51 took ~1.5 min; merge its rows into benchmarks/results/
@@ -13,6 +13,10 @@
 # grouped (benchmarks/grouped.py: MoE grouped GEMMs, ws against torch._grouped_mm and a torch.mm loop, alone and
 # with 16 and 33 SMs held) is planned to take ~4 min, not yet timed; grouped_moe (not in the default list: a compiled
 # MoE layer's training step, default vs routed) is not timed either.
+# bench_models (the corpus's `models` group alone, ~1 min: what policy "auto" lacks for the model
+# benchmark; merge and regenerate as for bench) and models_auto (the model benchmark's policy and
+# fusion variants against default Inductor, CUDA graphs on and off; not timed yet, roughly 20 compiles
+# of ~15 s) are not in the default list either.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +58,11 @@ if has sweep; then  # select_config's calibration: forced tile configs beside it
     128x16x128w4s5k1t,128x16x128w4s5k2t,128x16x128w4s4k4t,128x16x64w4s8k1t,128x32x128w4s4k1t,64x128x128w4s4k1,64x128x64w4s4k1
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
+has bench_models && python3 -m benchmarks.bench --corpus models --out "$OUT/h200_bf16.csv" 2>&1 \
+  | tee "$OUT/bench_models.log" | tail -20
+has models_auto && python3 -m benchmarks.models --models gpt2_mlp,llama_small,llama_8b,decode_8b_t1,decode_8b_t16 \
+  --variants default,routed_fused,routed_auto --trials 5 --out "$OUT/h200_models.csv" 2>&1 | grep -v "^W[0-9]" \
+  | tee "$OUT/models_auto.log" | tail -40
 has contention && python3 -m benchmarks.bench --contention 0,8,20,33,66 --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/contention.log" | tail -12
 has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/overhead.log" | tail -12
 for group in small 8b; do
