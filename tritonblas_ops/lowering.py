@@ -26,8 +26,8 @@ A routed GEMM becomes one of two things (settings' `path`):
   the call), at offsets known to keep that; by pointer loads otherwise. The programs make
   the tensor descriptors, except under CUDA graphs, where the generated code builds A's
   and B's on the host (a cost per call that the replays do not pay; torch 2.13 and later,
-  _compat.HOST_DESCRIPTOR_ARGUMENTS). With symbolic sizes:
-  one program per SM and whole-K tiles.
+  _compat.HOST_DESCRIPTOR_ARGUMENTS). With symbolic sizes: one program per SM and whole-K
+  tiles.
 CPU tensors (only with settings' `cpu`, for tests and demos) take the opaque call, whose op
 runs the kernel through Triton's interpreter: the inline kernel needs a device Triton
 compiles for.
