@@ -463,6 +463,13 @@ def test_inline_uses_tma_where_inductor_keeps_operands_aligned():
     assert planned_tma(code) == [(True, True), (False, False), (True, True)]
 
 
+def inline_launches(code: str) -> list[list[str]]:
+    """The arguments of each inline kernel launch in a generated module, in order, a view of
+    a buffer (reinterpret_tensor) named by its buffer."""
+    views = re.sub(r"reinterpret_tensor\((\w+), \([^)]*\), \([^)]*\), \w+\)", r"\1", code)
+    return [args.split(", ") for args in re.findall(r"\bws_matmul_kernel_\d+\.run\(([^)]*)\)", views)]
+
+
 @pytest.mark.parametrize("graphed", [False, True])
 def test_inline_operand_descriptors_built_on_the_host_under_cuda_graphs(graphed):
     """Under CUDA graphs (mode="reduce-overhead") the generated code builds A's and B's
@@ -484,8 +491,7 @@ def test_inline_operand_descriptors_built_on_the_host_under_cuda_graphs(graphed)
     graphed = graphed and _compat.HOST_DESCRIPTOR_ARGUMENTS
     built = re.findall(r"(\w+) = triton\.tools\.tensor_descriptor\.TensorDescriptor\.from_tensor\("
                        r"reinterpret_tensor\(\w+, \(([\d, ]+)\), \([\d, ]+\), 0\), \(([\d, ]+)\)\)", code)
-    views = re.sub(r"reinterpret_tensor\((\w+), \([^)]*\), \([^)]*\), \w+\)", r"\1", code)
-    launch = re.search(r"\bws_matmul_kernel_\d+\.run\(([^)]*)\)", views).group(1).split(", ")
+    launch, = inline_launches(code)
     descriptor_args = launch[8:11]  # a_desc, b_desc, c_desc (-1: None)
     if not graphed:
         assert built == [] and descriptor_args == ["-1", "-1", "-1"]
@@ -508,9 +514,7 @@ def test_inline_gemms_of_a_graph_share_one_counter_buffer(m_dependent_tiles):
 
     with torch.no_grad():
         code = generated_code_only(fn, randn(40, 32), randn(32, 32), randn(32, 32))
-    views = re.sub(r"reinterpret_tensor\((\w+), \([^)]*\), \([^)]*\), \w+\)", r"\1", code)
-    launches = re.findall(r"\bws_matmul_kernel_\d+\.run\(([^)]*)\)", views)
-    counters = [args.split(", ")[4] for args in launches]  # the kernel's fifth argument
+    counters = [args[4] for args in inline_launches(code)]  # the kernel's fifth argument
     assert len(counters) == 5
     first, split_k = counters[0], counters[2]
     assert counters == [first, first, split_k, split_k, split_k] and split_k != first
