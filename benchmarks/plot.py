@@ -6,15 +6,16 @@ For each CSV, the latest run of each mode (or the run given by --timestamp) beco
 <csv stem>_gemm.png (TFLOP/s and ratio to torch.mm per shape) and
 <csv stem>_contention.png (TFLOP/s against SMs held), next to the CSV or in --out-dir.
 A CSV of benchmarks/grouped.py's rows becomes <csv stem>_speedup.png instead: ws's speedup
-over torch._grouped_mm per case and GEMM, alone and with each count of SMs held.
+over torch._grouped_mm per case and GEMM, alone and with each count of SMs held. A CSV of
+benchmarks/models.py's rows becomes <csv stem>_speedup.png: each variant's speedup over
+default Inductor per model, step, CUDA graphs and SMs held, from the latest row of each
+(several calls of models.py may fill one figure; --timestamp picks one run instead).
 """
 
 import argparse
 import csv
 import pathlib
 
-# Figure objects, not pyplot: no global backend or figure state, and PNGs need no display.
-from matplotlib.figure import Figure
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         if rows and GROUPED_RATIO in rows[0]:  # benchmarks/grouped.py's rows: both modes in one figure
             figures = [("speedup", _grouped_figure, _run(rows, None, args.timestamp))]
+        elif rows and MODEL_RATIO in rows[0]:  # benchmarks/models.py's rows
+            figures = [("speedup", _models_figure, _latest_per_case(rows, args.timestamp))]
         else:
             figures = [(mode, draw, _run(rows, mode, args.timestamp))
                        for mode, draw in (("gemm", _gemm_figure), ("contention", _contention_figure))]
@@ -39,6 +42,13 @@ def main(argv: list[str] | None = None) -> None:
                 out = out_dir / f"{path.stem}_{name}.png"
                 draw(run).savefig(out, dpi=120, bbox_inches="tight")
                 print(f"wrote {out}")
+
+
+def Figure(**kwargs):
+    # Figure objects, not pyplot: no global backend or figure state, and PNGs need no display.
+    # Imported here: choosing the rows needs no matplotlib (`bench` extra), tests use that.
+    from matplotlib.figure import Figure as figure
+    return figure(**kwargs)
 
 
 def _run(rows, mode, timestamp):
@@ -129,6 +139,49 @@ def _grouped_figure(run):
 
 def _grouped_setting(row):
     return "alone, cold L2" if row["mode"] == "gemm" else f"{row['held_sms']} SMs held"
+
+
+MODEL_RATIO = "vs_default"  # the column that marks a CSV of models.py's rows
+MODEL_FLOOR = 0.97  # the model-speed issue's "never below" line
+
+
+def _model_case(row):
+    graphs = "graphs" if row["cuda_graphs"] == "True" else "eager launch"
+    return f"{row['model']} {row['step']}, {graphs}, {row['held_sms']} held"
+
+
+def _latest_per_case(rows, timestamp):
+    """The newest row of each (case, variant), or the rows of run `timestamp`."""
+    if timestamp:
+        return [r for r in rows if r["timestamp"] == timestamp]
+    latest = {}
+    for r in sorted(rows, key=lambda r: r["timestamp"]):
+        latest[_model_case(r), r["variant"]] = r
+    return list(latest.values())
+
+
+def _models_figure(run):
+    """Each variant's time relative to default Inductor's (its p50 / theirs), per case."""
+    others = [r for r in run if r["variant"] != "default" and r[MODEL_RATIO]]
+    cases = list(dict.fromkeys(_model_case(r) for r in others))
+    variants = list(dict.fromkeys(r["variant"] for r in others))
+    ratio = {(_model_case(r), r["variant"]): float(r[MODEL_RATIO]) for r in others}
+    fig = Figure(figsize=(max(10, 0.22 * len(cases) * len(variants)), 6), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(variants)
+    for i, variant in enumerate(variants):
+        xs = [j + (i - (len(variants) - 1) / 2) * width for j in range(len(cases))]
+        ax.bar(xs, [ratio.get((c, variant), float("nan")) for c in cases], width, label=variant)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(MODEL_FLOOR, color="C3", linestyle="--", linewidth=0.8, label=f"floor {MODEL_FLOOR:g}")
+    ax.set_ylim(bottom=min(0.6, *ratio.values()) if ratio else 0.6)
+    ax.set_ylabel("speedup over default Inductor (its ms / the variant's)")
+    ax.set_xticks(range(len(cases)), cases, rotation=60, ha="right")
+    ax.legend(ncol=len(variants) + 1, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize="small")
+    stamps = sorted({r["timestamp"] for r in run})
+    r = run[0]
+    fig.suptitle(f"Models: {r['gpu']}, torch {r['torch']}, triton {r['triton']}, {stamps[0]} to {stamps[-1]}")
+    return fig
 
 
 if __name__ == "__main__":

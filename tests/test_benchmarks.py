@@ -87,6 +87,24 @@ def test_models_smoke_run_times_every_model_step_and_variant(tmp_path):
     assert all(0 < err < 1e-5 for err in routed)
 
 
+def test_models_plot_takes_the_newest_row_of_each_case_and_variant():
+    """Several models.py calls fill one figure: each (case, variant) from its newest run."""
+    from benchmarks import plot
+
+    def row(stamp, model, variant, ratio):
+        return {"timestamp": stamp, "model": model, "step": "train", "cuda_graphs": "False",
+                "held_sms": "0", "variant": variant, "vs_default": ratio}
+
+    rows = [row("2026-12-05T10:00:00Z", "llama_8b", "routed", "0.96"),
+            row("2026-12-05T12:00:00Z", "llama_8b", "routed", "0.98"),
+            row("2026-12-05T11:00:00Z", "gpt2_mlp", "routed", "0.90"),
+            row("2026-12-05T11:00:00Z", "llama_8b", "routed_auto", "1.0")]
+    latest = plot._latest_per_case(rows, None)
+    assert sorted((r["model"], r["variant"], r["vs_default"]) for r in latest) == [
+        ("gpt2_mlp", "routed", "0.90"), ("llama_8b", "routed", "0.98"), ("llama_8b", "routed_auto", "1.0")]
+    assert plot._latest_per_case(rows, "2026-12-05T11:00:00Z") == rows[2:]
+
+
 def test_handoff_rows_carry_the_idle_floor_and_the_write_time(tmp_path, capsys):
     """benchmarks/handoff.py's plumbing, without a GPU: trials summarized into rows (idle has
     no GEMM times; only the providers that write the budget have a write time), the CSV and
