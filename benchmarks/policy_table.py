@@ -3,8 +3,9 @@ out of the recorded corpus runs (benchmarks/results/<gpu>_<dtype>.csv):
 
     python -m benchmarks.policy_table
 
-For each dtype file, the latest full run (`mode` gemm): every shape's median time under
-torch.mm and under the kernel. Also the run's best torch.mm bandwidth (what a pointwise
+For each dtype file, every shape's median time under torch.mm and under the kernel (`mode`
+gemm) from the latest run that timed that shape under both: a run of one corpus group
+(`bench --corpus models`) adds and refreshes its shapes without dropping the others. Also the run's best torch.mm bandwidth (what a pointwise
 kernel the fusion removes would reach) and the eager op's host time per call (the latest
 `--overhead` run). tests/test_benchmarks.py checks that the module matches these files.
 """
@@ -50,15 +51,25 @@ def _latest_gemm_run(rows: list[dict]) -> list[dict]:
     return [r for r in gemm if r["timestamp"] == latest]
 
 
-def _shapes(run: list[dict]) -> list[tuple]:
-    """(m, n, k, torch.mm us, kernel us) of every shape of one run, medians over its rows."""
-    times: dict[tuple, dict[str, list[float]]] = {}
-    for r in run:
-        if r["provider"] in (TORCH_MM, WORK_STEALING):
+def _latest_per_shape(rows: list[dict]) -> tuple[list[tuple], list[str]]:
+    """(m, n, k, torch.mm us, kernel us) of every shape, medians over the rows of the latest
+    run that timed it under both, and the timestamps of the runs used, oldest first."""
+    times: dict[tuple, dict[str, dict[str, list[float]]]] = {}  # shape -> run -> provider -> us
+    for r in rows:
+        if r["mode"] == "gemm" and r["provider"] in (TORCH_MM, WORK_STEALING):
             key = int(r["m"]), int(r["n"]), int(r["k"])
-            times.setdefault(key, {}).setdefault(r["provider"], []).append(float(r["p50_ms"]) * 1e3)
-    return [(*key, round(statistics.median(t[TORCH_MM]), 2), round(statistics.median(t[WORK_STEALING]), 2))
-            for key, t in sorted(times.items()) if TORCH_MM in t and WORK_STEALING in t]
+            run = times.setdefault(key, {}).setdefault(r["timestamp"], {})
+            run.setdefault(r["provider"], []).append(float(r["p50_ms"]) * 1e3)
+    shapes, used = [], set()
+    for key, runs in sorted(times.items()):
+        complete = [stamp for stamp, t in runs.items() if TORCH_MM in t and WORK_STEALING in t]
+        if complete:
+            stamp = max(complete)
+            t = runs[stamp]
+            used.add(stamp)
+            shapes.append((*key, round(statistics.median(t[TORCH_MM]), 2),
+                           round(statistics.median(t[WORK_STEALING]), 2)))
+    return shapes, sorted(used)
 
 
 def _host_us(rows: list[dict]) -> float:
@@ -73,9 +84,9 @@ def table() -> dict:
     for dtype, files in SOURCES.items():
         shapes[dtype] = []
         for name in files:
-            run = _latest_gemm_run(_read(name))
-            runs.append(f"{name} {run[0]['timestamp']}")
-            shapes[dtype] += _shapes(run)
+            file_shapes, stamps = _latest_per_shape(_read(name))
+            runs += [f"{name} {stamp}" for stamp in stamps]
+            shapes[dtype] += file_shapes
         shapes[dtype].sort()
     bf16 = _latest_gemm_run(_read(SOURCES["bfloat16"][0]))
     first = bf16[0]
