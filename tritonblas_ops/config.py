@@ -98,8 +98,6 @@ MAX_CHUNKED_VALUES_PER_THREAD = 64
 # Each chunk after the first restarts the tile's pipeline: ~3-4 K steps of time each on the
 # H200 (128x128, 8192^3 and 4096^3: 2 chunks cost 3-4%, 4 chunks 10-13%; NOTES.md step 24).
 CHUNK_RESTART_K_STEPS = 4
-# Routing decides batch-invariant GEMMs as for this many rows (a prefill's), whatever M is.
-INVARIANT_PREFILL_M = 4096
 
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_K_PER_SPLIT = 256  # shorter slices spend more on the pipeline's fill than on the dot
