@@ -9,10 +9,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tritonblas_ops.activations import SLOPES
+from tritonblas_ops.config import WARP_SPECIALIZED_TILES
 from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.kernel import ws_matmul_kernel
+from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
+HOPPER_SHARED_BYTES = 232448  # a CTA's shared memory on H100 and H200 (227 KiB)
 POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16", "offs_ptr": "*i32",
             "counters_ptr": "*i32", "partials_ptr": "*fp32", "budget_ptr": "*i32"}
 FLOATS = {"alpha": "fp32", "beta": "fp32"}
@@ -85,3 +88,46 @@ def test_every_slope_gate_compiles(activation):
                      USE_TMA=False, A_ROW_MAJOR=True, B_ROW_MAJOR=True, TMA_STORE=False, ACTIVATION=activation,
                      GATE=True, unit_counts_ptr=None, partials_ptr=None, a_desc=None, b_desc=None, c_desc=None)
     assert compile_for_hopper(ws_matmul_kernel, constants, {}).asm["ptx"]
+
+
+def nvmma_descriptor(dtype: str, box: tuple) -> str:
+    """A Gluon host descriptor's type: its box and the NVMMA shared layout launch.py gives it."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for(list(box), {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype])
+    return f"tensordesc<{dtype}[{', '.join(map(str, box))}],{layout!r}>"
+
+
+@pytest.mark.parametrize("a_row_major,b_row_major,bias,live_budget,activation,gate",
+                         [(True, True, False, False, "none", False), (True, False, True, True, "gelu", False),
+                          (False, True, True, False, "silu", True), (False, False, True, True, "d_gelu_tanh", True)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("tile", list(WARP_SPECIALIZED_TILES))
+def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major, bias, live_budget, activation,
+                                          gate):
+    """Each warp-specialized variant compiles for sm_90, warp-specialized (setmaxnreg in the
+    PTX: the partitions' register budgets) and within a CTA's shared memory."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = warp_specialized_matmul_kernel
+    variant = WARP_SPECIALIZED_TILES[tile]
+    bm, bn, bk = tile
+    constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SHARDS=2, COUNTER_STRIDE=64, CHECKED=True,
+                     A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major, ACTIVATION=activation, GATE=gate,
+                     **variant.kernel_constants())
+    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
+    signature.update(bias_ptr=f"*{dtype}",
+                     a_desc=nvmma_descriptor(dtype, (1, bm, bk) if a_row_major else (1, bk, bm)),
+                     b_desc=nvmma_descriptor(dtype, (1, bk, bn) if b_row_major else (1, bn, bk)),
+                     c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
+    if not bias:
+        constants["bias_ptr"] = None
+    if not live_budget:
+        constants["budget_ptr"] = None
+    for name in constants:
+        signature[name] = "constexpr"
+    values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+    compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
+                              options=variant.launch_options)
+    assert "setmaxnreg" in compiled.asm["ptx"]
+    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
