@@ -131,3 +131,60 @@ def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major,
                               options=variant.launch_options)
     assert "setmaxnreg" in compiled.asm["ptx"]
     assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+
+
+class _FakeHopperDriver:
+    """Just enough of a CUDA driver for a jit function to bind its arguments and compile on a
+    CPU-only machine: device 0, stream 0, an sm_90 target."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return HOPPER
+
+
+@pytest.mark.parametrize("b_t,bias,batches", [(False, False, 1), (True, True, 1), (True, False, 3)])
+def test_warp_specialized_launch_binds_and_compiles(b_t, bias, batches, monkeypatch):
+    """launch.launch_kernel carries out a warp-specialized plan up to the launch itself (made
+    a compile-only warmup): Gluon's host descriptors, the arguments by name, the launch
+    options, Triton's binding and specialization of them, then compilation for sm_90."""
+    import torch
+    from triton.runtime import driver
+
+    from tritonblas_ops import device as devices
+    from tritonblas_ops import launch
+    from tritonblas_ops.config import TileConfig
+    from tritonblas_ops.plan import Kernel, Knobs, Operand, plan
+
+    for fact, value in [("num_compute_units", 132), ("has_tma", True), ("has_wgmma", True), ("default_num_shards", 2)]:
+        monkeypatch.setattr(devices, fact, lambda device, value=value: value)
+    kernel = warp_specialized_matmul_kernel
+    compiled = []
+    real_run = kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *args, grid, warmup, **kwargs: compiled.append(
+        (grid, real_run(*args, grid=grid, warmup=True, **kwargs))))
+    m, n, k = 1000, 1024, 520
+    a = torch.empty(batches, m, k, dtype=torch.bfloat16)
+    b = torch.empty(batches, n, k, dtype=torch.bfloat16).mT if b_t else torch.empty(batches, k, n, dtype=torch.bfloat16)
+    c = torch.empty(batches, m, n, dtype=torch.bfloat16)
+    bias_t = torch.empty(n, dtype=torch.bfloat16) if bias else None
+    tile = TileConfig(128, 256, 64)
+    cuda_plan = plan(Operand.of(a, traced=False), Operand.of(b, traced=False),
+                     Operand.bias(bias_t) if bias else None, batched=True, dtype=a.dtype,
+                     device=torch.device("cuda", 0), alpha_zero=False, beta_zero=False, tf32=False,
+                     knobs=Knobs(tile, num_programs=16), checked=True, warp_specialize=True)
+    assert cuda_plan.kernel is Kernel.WARP_SPECIALIZED
+    previous = driver._active
+    driver.set_active(_FakeHopperDriver())
+    try:
+        counters = torch.zeros(cuda_plan.queue.numel, dtype=torch.int32)
+        launch.launch_kernel(cuda_plan, a, b, c, bias_t, counters, None, 1.0, 1.0)
+    finally:
+        driver.set_active(previous)
+    (grid, binary), = compiled
+    assert grid == (16,) and "setmaxnreg" in binary.asm["ptx"]
+    assert binary.metadata.num_warps == 12  # the 8 MMA warps and the loader's warpgroup
