@@ -9,10 +9,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tritonblas_ops.activations import SLOPES
+from tritonblas_ops.config import WARP_SPECIALIZED_TILES
 from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.kernel import ws_matmul_kernel
+from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
+HOPPER_SHARED_BYTES = 232448  # a CTA's shared memory on H100 and H200 (227 KiB)
 POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16", "offs_ptr": "*i32",
             "counters_ptr": "*i32", "partials_ptr": "*fp32", "budget_ptr": "*i32"}
 FLOATS = {"alpha": "fp32", "beta": "fp32"}
@@ -85,3 +88,103 @@ def test_every_slope_gate_compiles(activation):
                      USE_TMA=False, A_ROW_MAJOR=True, B_ROW_MAJOR=True, TMA_STORE=False, ACTIVATION=activation,
                      GATE=True, unit_counts_ptr=None, partials_ptr=None, a_desc=None, b_desc=None, c_desc=None)
     assert compile_for_hopper(ws_matmul_kernel, constants, {}).asm["ptx"]
+
+
+def nvmma_descriptor(dtype: str, box: tuple) -> str:
+    """A Gluon host descriptor's type: its box and the NVMMA shared layout launch.py gives it."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for(list(box), {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype])
+    return f"tensordesc<{dtype}[{', '.join(map(str, box))}],{layout!r}>"
+
+
+@pytest.mark.parametrize("a_row_major,b_row_major,bias,live_budget,activation,gate",
+                         [(True, True, False, False, "none", False), (True, False, True, True, "gelu", False),
+                          (False, True, True, False, "silu", True), (False, False, True, True, "d_gelu_tanh", True)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("tile", list(WARP_SPECIALIZED_TILES))
+def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major, bias, live_budget, activation,
+                                          gate):
+    """Each warp-specialized variant compiles for sm_90, warp-specialized (setmaxnreg in the
+    PTX: the partitions' register budgets) and within a CTA's shared memory."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = warp_specialized_matmul_kernel
+    variant = WARP_SPECIALIZED_TILES[tile]
+    bm, bn, bk = tile
+    constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SHARDS=2, COUNTER_STRIDE=64, CHECKED=True,
+                     A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major, ACTIVATION=activation, GATE=gate,
+                     **variant.kernel_constants())
+    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
+    signature.update(bias_ptr=f"*{dtype}",
+                     a_desc=nvmma_descriptor(dtype, (1, bm, bk) if a_row_major else (1, bk, bm)),
+                     b_desc=nvmma_descriptor(dtype, (1, bk, bn) if b_row_major else (1, bn, bk)),
+                     c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
+    if not bias:
+        constants["bias_ptr"] = None
+    if not live_budget:
+        constants["budget_ptr"] = None
+    for name in constants:
+        signature[name] = "constexpr"
+    values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+    compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
+                              options=variant.launch_options)
+    assert "setmaxnreg" in compiled.asm["ptx"]
+    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+
+
+class _FakeHopperDriver:
+    """Just enough of a CUDA driver for a jit function to bind its arguments and compile on a
+    CPU-only machine: device 0, stream 0, an sm_90 target."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return HOPPER
+
+
+@pytest.mark.parametrize("b_t,bias,batches", [(False, False, 1), (True, True, 1), (True, False, 3)])
+def test_warp_specialized_launch_binds_and_compiles(b_t, bias, batches, monkeypatch):
+    """launch.launch_kernel carries out a warp-specialized plan up to the launch itself (made
+    a compile-only warmup): Gluon's host descriptors, the arguments by name, the launch
+    options, Triton's binding and specialization of them, then compilation for sm_90."""
+    import torch
+    from triton.runtime import driver
+
+    from tritonblas_ops import device as devices
+    from tritonblas_ops import launch
+    from tritonblas_ops.config import TileConfig
+    from tritonblas_ops.plan import Kernel, Knobs, Operand, plan
+
+    for fact, value in [("num_compute_units", 132), ("has_tma", True), ("has_wgmma", True), ("default_num_shards", 2)]:
+        monkeypatch.setattr(devices, fact, lambda device, value=value: value)
+    kernel = warp_specialized_matmul_kernel
+    compiled = []
+    real_run = kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *args, grid, warmup, **kwargs: compiled.append(
+        (grid, real_run(*args, grid=grid, warmup=True, **kwargs))))
+    m, n, k = 1000, 1024, 520
+    a = torch.empty(batches, m, k, dtype=torch.bfloat16)
+    b = torch.empty(batches, n, k, dtype=torch.bfloat16).mT if b_t else torch.empty(batches, k, n, dtype=torch.bfloat16)
+    c = torch.empty(batches, m, n, dtype=torch.bfloat16)
+    bias_t = torch.empty(n, dtype=torch.bfloat16) if bias else None
+    tile = TileConfig(128, 256, 64)
+    cuda_plan = plan(Operand.of(a, traced=False), Operand.of(b, traced=False),
+                     Operand.bias(bias_t) if bias else None, batched=True, dtype=a.dtype,
+                     device=torch.device("cuda", 0), alpha_zero=False, beta_zero=False, tf32=False,
+                     knobs=Knobs(tile, num_programs=16), checked=True, warp_specialize=True)
+    assert cuda_plan.kernel is Kernel.WARP_SPECIALIZED
+    previous = driver._active
+    driver.set_active(_FakeHopperDriver())
+    try:
+        counters = torch.zeros(cuda_plan.queue.numel, dtype=torch.int32)
+        launch.launch_kernel(cuda_plan, a, b, c, bias_t, counters, None, 1.0, 1.0)
+    finally:
+        driver.set_active(previous)
+    (grid, binary), = compiled
+    assert grid == (16,) and "setmaxnreg" in binary.asm["ptx"]
+    assert binary.metadata.num_warps == 12  # the 8 MMA warps and the loader's warpgroup

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from tritonblas_ops import device as devices
-from tritonblas_ops import launch
-from tritonblas_ops.config import TileConfig
+from tritonblas_ops import launch, settings
+from tritonblas_ops.config import WARP_SPECIALIZED_TILES, TileConfig
 from tritonblas_ops.plan import (
     COPY_ROW_BYTES,
     LAST_SLICE_SUM_MAX_BYTES,
+    Kernel,
     Knobs,
     Operand,
     OperandCopy,
@@ -20,6 +21,7 @@ from tritonblas_ops.plan import (
     Schedule,
     plan,
 )
+from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
 
 SMALL = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=1)
 GPU = torch.device("cuda", 0)
@@ -274,3 +276,87 @@ def test_an_sm_budget_caps_the_grid_not_the_tile(h200):
     assert one_wave.grid < 100 and not one_wave.queue.work_stealing
     assert gpu_plan(a, b, max_programs=100).grid == one_wave.grid
     assert gpu_plan(a, b, max_programs=8).queue.work_stealing
+
+
+@pytest.fixture
+def hopper(h200, monkeypatch):
+    """An H200's facts, wgmma included (the warp-specialized kernel's sm_90)."""
+    monkeypatch.setattr(devices, "has_wgmma", lambda device: device.type == "cuda")
+
+
+def test_the_warp_specialized_kernel_only_with_its_setting(hopper):
+    a, b = row_major(1, 4096, 4096), row_major(1, 4096, 4096)
+    assert gpu_plan(a, b).kernel is Kernel.TRITON
+    chosen = gpu_plan(a, b, warp_specialize=True)
+    assert chosen.kernel is Kernel.WARP_SPECIALIZED
+    # Everything else is the Triton kernel's plan: the same tile, grid, queue and layouts.
+    assert dataclasses.replace(chosen, kernel=Kernel.TRITON) == gpu_plan(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("a_layout,b_layout", [(row_major, row_major), (row_major, column_major),
+                                               (column_major, row_major), (column_major, column_major)])
+@pytest.mark.parametrize("m,n,k,batches", [(4096, 4096, 4096, 1), (3000, 5000, 2000, 1), (1000, 1024, 520, 8)])
+def test_warp_specialized_plans_for_16_bit_describable_operands(hopper, dtype, a_layout, b_layout, m, n, k,
+                                                                 batches):
+    """bf16 and fp16, A and B either way round (B column-major: a weight's K-major storage),
+    2-D or batched: the kernel reads each as the Triton kernel's descriptors describe it, and
+    stores C in the subtiles of its tile's variant."""
+    chosen = gpu_plan(a_layout(batches, m, k), b_layout(batches, k, n), dtype=dtype, batched=batches > 1,
+                      warp_specialize=True)
+    assert chosen.kernel is Kernel.WARP_SPECIALIZED
+    config = chosen.config
+    variant = WARP_SPECIALIZED_TILES[(config.block_m, config.block_n, config.block_k)]
+    assert chosen.a_row_major is (a_layout is row_major) and chosen.b_row_major is (b_layout is row_major)
+    c_layout = chosen.descriptor_layouts()[2]
+    assert c_layout.shape == (batches, m, n) and c_layout.box == (1, config.block_m, variant.epilogue_n)
+    assert chosen.launch_options == variant.launch_options
+
+
+def test_warp_specialized_arguments_are_the_kernels(hopper):
+    live = torch.full((1,), 2**31 - 1, dtype=torch.int32)
+    chosen = gpu_plan(row_major(1, 4096, 4096), row_major(1, 4096, 4096), Operand((4096,), (1,), 2, None),
+                      warp_specialize=True, live_budget=live, activation="gate_silu", checked=True)
+    args = chosen.warp_specialized_arguments("bias", "counters", ("a", "b", "c"), 1.0, 1.0)
+    assert list(args) == warp_specialized_matmul_kernel.arg_names
+    assert args["budget_ptr"] is live and args["CHECKED"] and args["GATE"] and args["ACTIVATION"] == "silu"
+    assert (args["stride_bias_m"], args["stride_bias_n"]) == (0, 1)
+
+
+@pytest.mark.parametrize("case", ["not_sm90", "fp32", "traced", "split_k", "k_chunks", "decode", "one_wave",
+                                  "other_tile", "no_tma", "unaligned_c", "int64"])
+def test_the_triton_kernel_keeps_what_the_warp_specialized_one_cannot_take(hopper, monkeypatch, case):
+    a, b, kwargs = row_major(1, 4096, 4096), row_major(1, 4096, 4096), {}
+    if case == "not_sm90":  # Blackwell, or AMD: no wgmma
+        monkeypatch.setattr(devices, "has_wgmma", lambda device: False)
+    elif case == "fp32":
+        a, b = row_major(1, 4096, 4096, size=4), row_major(1, 4096, 4096, size=4)
+        kwargs = dict(dtype=torch.float32, tf32=True)
+    elif case == "traced":  # Inductor's inline form, fake tensors: descriptors made in the programs
+        kwargs = dict(traced=True)
+    elif case == "split_k":
+        kwargs = dict(knobs=Knobs(TileConfig(128, 256, 64, split_k=2)))
+    elif case == "k_chunks":
+        kwargs = dict(knobs=Knobs(TileConfig(128, 256, 64, k_chunks=2)))
+    elif case == "decode":  # swapped, 128x16 tiles
+        a = row_major(1, 5, 4096)
+    elif case == "one_wave":  # the static schedule
+        a, b = row_major(1, 1024, 4096), row_major(1, 4096, 1024)
+    elif case == "other_tile":
+        kwargs = dict(knobs=Knobs(TileConfig(64, 128, 128)))
+    elif case == "no_tma":
+        kwargs = dict(knobs=Knobs(use_tma=False))
+    elif case == "unaligned_c":  # C's rows of 4100 bytes: no descriptor, pointer stores
+        b = row_major(1, 4096, 2050)
+    elif case == "int64":  # the bias's offsets are int32 in the epilogue
+        kwargs = dict(fits_int32=lambda offset: False)
+    chosen = gpu_plan(a, b, warp_specialize=True, **{"dtype": torch.bfloat16, **kwargs})
+    assert chosen.outcome is Outcome.LAUNCH and chosen.kernel is Kernel.TRITON
+
+
+def test_cpu_launches_keep_the_triton_kernel():
+    before = settings.update(warp_specialize=True)
+    try:
+        assert launch.plan_for(torch.randn(64, 64), torch.randn(64, 64), None, 1.0, 1.0).kernel is Kernel.TRITON
+    finally:
+        settings.restore(before)

@@ -58,7 +58,9 @@ def test_unknown_spellings_are_refused():
 @pytest.mark.parametrize("switch,query,field,variable", [
     (tritonblas_ops.batch_invariant, tritonblas_ops.is_batch_invariant, "batch_invariant", settings.BATCH_INVARIANT_ENV),
     (tritonblas_ops.fuse_epilogues, tritonblas_ops.is_fusing_epilogues, "fuse_epilogues", settings.FUSE_EPILOGUES_ENV),
-], ids=["batch_invariant", "fuse_epilogues"])
+    (tritonblas_ops.warp_specialize, tritonblas_ops.is_warp_specializing, "warp_specialize",
+     settings.WARP_SPECIALIZE_ENV),
+], ids=["batch_invariant", "fuse_epilogues", "warp_specialize"])
 def test_on_off_switches_and_their_environment(switch, query, field, variable, monkeypatch):
     settings.restore(RoutingSettings())
     assert not query()

@@ -16,9 +16,11 @@ from tritonblas_ops.settings import (
     is_batch_invariant,
     is_enabled,
     is_fusing_epilogues,
+    is_warp_specializing,
     route_cpu,
     routing,
     set_policy,
+    warp_specialize,
 )
 
 _lowering.install()  # torch.compile routes eligible GEMMs from here on (lowering.py)
@@ -27,5 +29,6 @@ _distributed.register()  # DTensor sharding rules for the ops (distributed.py)
 __all__ = [
     "LiveBudget", "Schedule", "TileConfig", "batch_invariant", "disable", "enable", "fuse_epilogues",
     "get_policy", "get_sm_budget", "is_batch_invariant", "is_checked", "is_enabled", "is_fusing_epilogues",
-    "route_cpu", "routing", "set_checked", "set_policy", "sm_budget", "ws_matmul",
+    "is_warp_specializing", "route_cpu", "routing", "set_checked", "set_policy", "sm_budget", "warp_specialize",
+    "ws_matmul",
 ]

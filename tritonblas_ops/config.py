@@ -99,6 +99,39 @@ MAX_CHUNKED_VALUES_PER_THREAD = 64
 # H200 (128x128, 8192^3 and 4096^3: 2 chunks cost 3-4%, 4 chunks 10-13%; NOTES.md step 24).
 CHUNK_RESTART_K_STEPS = 4
 
+@dataclasses.dataclass(frozen=True)
+class WarpSpecializedVariant:
+    """How warp_specialized_kernel runs one tile: its shared-memory stages, C's subtiling and
+    the partitions' sizes. Every choice here changes speed only, never a bit of C."""
+    stages: int  # A and B stages in shared memory
+    epilogue_n: int  # columns of a C subtile (its TMA store's box)
+    c_bufs: int  # C subtile buffers: 2 lets a subtile's store overlap the next one's staging
+    tile_slots: int = 2  # tile ids the loader may claim ahead of the MMA warps
+    claim_lead: int = 1  # K steps before a tile's last load that the next claim goes out
+    loader_regs: int = 40  # registers per thread of the 1-warp loader partition
+    # 8 MMA warps (2 warpgroups, a 16-row slab each per 128 rows) and the loader's warpgroup
+    # resident together: 168 registers x 384 threads fit the SM's 64 K.
+    num_warps: int = 8
+    maxnreg: int = 168
+
+    def kernel_constants(self) -> dict:
+        return dict(STAGES=self.stages, C_BUFS=self.c_bufs, TILE_SLOTS=self.tile_slots,
+                    CLAIM_LEAD=self.claim_lead, LOADER_REGS=self.loader_regs)
+
+    @property
+    def launch_options(self) -> dict:
+        return dict(num_warps=self.num_warps, maxnreg=self.maxnreg)
+
+
+# The tiles (block_m, block_n, block_k) the warp-specialized kernel runs, those of
+# HALF_CONFIGS it can take. 128x256: 4 stages fit beside two 128x64 C buffers, not beside
+# the whole 64 KB tile; 128x128: 4 stages and the whole tile's buffer.
+WARP_SPECIALIZED_TILES = {
+    (128, 256, 64): WarpSpecializedVariant(stages=4, epilogue_n=64, c_bufs=2),
+    (128, 128, 64): WarpSpecializedVariant(stages=4, epilogue_n=128, c_bufs=1),
+}
+
+
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_K_PER_SPLIT = 256  # shorter slices spend more on the pipeline's fill than on the dot
 # GPU FLOPs worth one byte of memory traffic (H200: ~790 TFLOP/s over ~4 TB/s): what a

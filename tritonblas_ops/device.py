@@ -31,6 +31,12 @@ def has_tma(device: torch.device) -> bool:
     return device.type == "cuda" and not is_hip() and _properties(_index(device)).major >= 9
 
 
+def has_wgmma(device: torch.device) -> bool:
+    """Hopper's warpgroup MMA (sm_90 only: Blackwell's tensor cores take other instructions),
+    which the warp-specialized kernel issues directly."""
+    return device.type == "cuda" and not is_hip() and _properties(_index(device)).major == 9
+
+
 def num_compute_units(device: torch.device) -> int:
     """SMs (NVIDIA) or CUs (AMD): the persistent grid's size."""
     if device.type == "cpu":

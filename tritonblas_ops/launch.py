@@ -1,13 +1,15 @@
 """Executing launch plans on real (or traced) tensors: the eager launch, the cached fast
 launch, and the interpreter for CPU tensors. Every decision is the plan's (plan.py); this
 module only carries it out: copies the operands it names, allocates the output, the
-counters (counters.py) and the split-K workspace, and launches the kernel.
+counters (counters.py) and the split-K workspace, and launches the kernel the plan names
+(kernel.py's, or warp_specialized_kernel.py's with Gluon's host descriptors).
 
 Repeated eager calls with one shape, layout and alignment reuse the first call's plan and
 compiled kernel (a cache of MAX_PLANS), launched through fastpath.py when it is on.
 """
 
 import dataclasses
+import functools
 import os
 import threading
 
@@ -15,6 +17,8 @@ import torch
 import triton
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritonblas_ops import budget
@@ -25,6 +29,7 @@ from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.plan import (
     COPY_ROW_BYTES,
     DescriptorLayout,
+    Kernel,
     Knobs,
     LaunchPlan,
     Operand,
@@ -35,6 +40,7 @@ from tritonblas_ops.plan import (
     shard_setting,
     tf32_enabled,
 )
+from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
 
 CHECKED_ENV = "TRITONBLAS_OPS_CHECKED"
 _checked = settings.parse_bool(CHECKED_ENV, os.environ.get(CHECKED_ENV, "0"))
@@ -107,6 +113,7 @@ def plan_for(a, b, bias, alpha: float, beta: float, knobs: Knobs = Knobs(), *,
         alpha_zero=alpha == 0, beta_zero=beta == 0, tf32=a.dtype == torch.float32 and tf32_enabled(),
         knobs=knobs, traced=traced, checked=not traced and checking(a),
         batch_invariant=settings.current().batch_invariant,
+        warp_specialize=settings.current().warp_specialize,
         max_programs=None if traced else budget.program_limit(a.device),
         live_budget=None if traced else budget.live_budget_word(a.device),
         out=Operand.of(out, traced=traced) if out is not None else None,
@@ -225,6 +232,11 @@ def launch_kernel(plan: LaunchPlan, a, b, c, bias, counters, partials, alpha: fl
                   *, unit_counts: torch.Tensor | None = None):
     """Launch the kernel as `plan` says on tensors already copied and swapped as it says.
     Returns what the launch gave (Triton's compiled kernel, on a GPU) and the arguments."""
+    if plan.kernel is Kernel.WARP_SPECIALIZED:
+        if unit_counts is not None:
+            raise ValueError("the warp-specialized kernel keeps no per-unit counts")
+        args = plan.warp_specialized_arguments(bias, counters, _gluon_descriptors(plan, a, b, c), alpha, beta)
+        return warp_specialized_matmul_kernel[(plan.grid,)](**args, **plan.launch_options), args
     descriptors = (None, None, None)
     if plan.host_descriptors:
         descriptors = _host_descriptors(plan, a, b, c)
@@ -278,6 +290,21 @@ def host_descriptor(base: torch.Tensor, layout: DescriptorLayout) -> TensorDescr
     return TensorDescriptor(base, list(layout.shape), list(layout.strides), list(layout.box))
 
 
+def _gluon_descriptors(plan: LaunchPlan, a, b, c) -> tuple:
+    """A's, B's and C's tensor descriptors for the warp-specialized kernel: the plan's
+    layouts, each with the NVMMA shared layout its box lands in (Gluon names it on the host)."""
+    return tuple(GluonTensorDescriptor(t, list(layout.shape), list(layout.strides), list(layout.box),
+                                       _shared_layout(layout.box, t.dtype))
+                 for t, layout in zip((a, b, c), plan.descriptor_layouts()))
+
+
+@functools.cache
+def _shared_layout(box: tuple, dtype: torch.dtype):
+    """The widest swizzle the box's rows allow: what wgmma and the TMA read fastest."""
+    return gl.NVMMASharedLayout.get_default_for(list(box), {torch.bfloat16: gl.bfloat16,
+                                                            torch.float16: gl.float16}[dtype])
+
+
 # ---------------------------------------------------------------------------------------
 # The cached launch: a call with the default knobs looks up what the first call with its
 # key planned and compiled, and launches that directly (fastpath.CompiledLaunch), skipping
@@ -310,14 +337,15 @@ def _plan_key(a, b, bias, alpha, beta, activation) -> tuple:
     """Everything a plan depends on besides the data: shapes, strides, dtype, device, the
     operands' 16-byte alignment (Triton specializes on it; so does the TMA choice), the
     bias's layout, the special values of alpha and beta, TF32, the shard setting, whether
-    the launch is checked, batch invariance, the SM budgets (static and live), and the
-    epilogue's activation."""
+    the launch is checked, batch invariance, the warp-specialized kernel's setting, the SM
+    budgets (static and live), and the epilogue's activation."""
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(),
             None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16),
             a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
             a.dtype == torch.float32 and tf32_enabled(), shard_setting(),
             checking(a),
-            settings.current().batch_invariant, budget.key(a.get_device()), activation)
+            settings.current().batch_invariant, settings.current().warp_specialize,
+            budget.key(a.get_device()), activation)
 
 
 def _cached_call(a, b, bias, alpha: float, beta: float, activation: str = "none") -> torch.Tensor:
@@ -349,7 +377,10 @@ def _launch_cached(cached: _Cached, a, b, bias, alpha: float, beta: float) -> to
 
 def _remember(key: tuple, the_plan: LaunchPlan, compiled, args, on_gpu: bool) -> None:
     launch = None
-    if the_plan.outcome is Outcome.LAUNCH and on_gpu and not the_plan.checked:
+    # The fast launch knows Triton's descriptors and argument list, not Gluon's: a
+    # warp-specialized plan is carried out by execute() every time.
+    if (the_plan.outcome is Outcome.LAUNCH and on_gpu and not the_plan.checked
+            and the_plan.kernel is Kernel.TRITON):
         launch = fastpath.compiled_launch(compiled, ws_matmul_kernel.arg_names, args)
         if launch is None and fastpath.ENABLED:
             return  # not a compiled kernel (an asynchronous compile still running): next time

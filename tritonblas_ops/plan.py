@@ -15,13 +15,28 @@ import torch
 from tritonblas_ops import device as devices
 from tritonblas_ops import scheduler
 from tritonblas_ops.activations import EPILOGUES, split_epilogue
-from tritonblas_ops.config import TileConfig, num_tiles, select_config, select_invariant_config
+from tritonblas_ops.config import (
+    WARP_SPECIALIZED_TILES,
+    TileConfig,
+    WarpSpecializedVariant,
+    num_tiles,
+    select_config,
+    select_invariant_config,
+)
 from tritonblas_ops.scheduler import WorkQueue
 
 
 class Schedule(enum.Enum):
     WORK_STEALING = "work_stealing"  # units claimed from sharded atomic counters
     STATIC = "static"  # program p takes units p, p + grid, ...: the baseline we beat
+
+
+class Kernel(enum.Enum):
+    """Which kernel a launch runs."""
+    TRITON = "triton"  # kernel.ws_matmul_kernel: any launch
+    # warp_specialized_kernel (Gluon, Hopper only): the same bits for the launches it takes
+    # (warp_specialized_eligible), with the loads of the next tile overlapping the epilogue
+    WARP_SPECIALIZED = "warp_specialized"
 
 
 class Outcome(enum.Enum):
@@ -146,6 +161,7 @@ class LaunchPlan:
     # units (those at or above it leave), or None
     live_budget: torch.Tensor | None = dataclasses.field(default=None, compare=False)
     activation: str = "none"  # the epilogue's: one of activations.EPILOGUES
+    kernel: Kernel = Kernel.TRITON
 
     def arguments(self, a, b, c, bias, counters, partials, descriptors, alpha, beta, *,
                   unit_counts=None, sizes=None, strides=None) -> dict:
@@ -180,18 +196,43 @@ class LaunchPlan:
             **_epilogue_constants(self.activation),
         )
 
+    def warp_specialized_arguments(self, bias, counters, descriptors, alpha, beta) -> dict:
+        """warp_specialized_matmul_kernel's arguments by name, in its order: the plan's, with
+        the call's bias, counters, scalars and A's, B's and C's host descriptors."""
+        m, n, k, batches = self.sizes
+        config = self.config
+        a_desc, b_desc, c_desc = descriptors
+        return dict(
+            a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, bias_ptr=bias, counters_ptr=counters,
+            budget_ptr=self.live_budget, M=m, N=n, K=k, num_batches=batches,
+            stride_bias_m=self.strides[3][0], stride_bias_n=self.strides[3][1], alpha=alpha, beta=beta,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+            NUM_SHARDS=self.queue.num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
+            CHECKED=self.checked, A_ROW_MAJOR=self.a_row_major, B_ROW_MAJOR=self.b_row_major,
+            **_epilogue_constants(self.activation),
+            **self.warp_specialized_variant.kernel_constants(),
+        )
+
+    @property
+    def warp_specialized_variant(self) -> WarpSpecializedVariant:
+        config = self.config
+        return WARP_SPECIALIZED_TILES[(config.block_m, config.block_n, config.block_k)]
+
     def descriptor_layouts(self) -> tuple:
         """A's, B's and (under TMA_STORE) C's DescriptorLayout, as launched (None for C
-        without a TMA store)."""
+        without a TMA store). The warp-specialized kernel stores C in narrower subtiles."""
         m, n, k, batches = self.sizes
         stride_a, stride_b, stride_c, _ = self.strides
         bm, bn, bk = self.config.block_m, self.config.block_n, self.config.block_k
+        c_cols = self.warp_specialized_variant.epilogue_n if self.kernel is Kernel.WARP_SPECIALIZED else bn
         return (descriptor_layout((batches, m, k), stride_a, bm, bk),
                 descriptor_layout((batches, k, n), stride_b, bk, bn),
-                descriptor_layout((batches, m, n), stride_c, bm, bn) if self.tma_store else None)
+                descriptor_layout((batches, m, n), stride_c, bm, c_cols) if self.tma_store else None)
 
     @property
     def launch_options(self) -> dict:
+        if self.kernel is Kernel.WARP_SPECIALIZED:
+            return self.warp_specialized_variant.launch_options
         return dict(num_warps=self.config.num_warps, num_stages=self.config.num_stages)
 
 
@@ -236,7 +277,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
          live_budget: torch.Tensor | None = None, activation: str = "none",
          hint: Callable = lambda size: size, dynamic: bool = False,
          fits_int32: Callable[[object], bool] | None = None, out: Operand | None = None,
-         graphed: bool = False) -> LaunchPlan:
+         graphed: bool = False, warp_specialize: bool = False) -> LaunchPlan:
     """The launch of alpha * a @ b + beta * bias for (B, M, K) and (B, K, N) operands (a 2-D
     GEMM is one batch), bias None or broadcastable to (M, N).
 
@@ -251,7 +292,8 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     summed in the same order whatever rows share the launch (a tile's rows are computed
     alike, masked or not; the tile's size does not change a K step's sums); M picks only
     the tile and whether the chunks run as split-K units, which add the same values in the
-    same order. max_programs: an
+    same order. warp_specialize: run the warp-specialized kernel where it can take the
+    launch (warp_specialized_eligible), the Triton kernel elsewhere. max_programs: an
     SM budget (budget.py) capping the grid; the tile choice ignores it, so results do not
     depend on it. live_budget: a LiveBudget's device word, which the programs read between
     units (they leave at or above it): the launch then steals work whatever its size, since
@@ -341,13 +383,20 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     if keep_bias:
         offsets.append(_max_offset((m, n), bias_strides))
     fits = fits_int32 or (lambda offset: offset < 2**31 - 1)
+    int64_index = not all(fits(offset) for offset in offsets)
+    host_descriptors = use_tma and host_descriptors
+    kernel = Kernel.TRITON
+    if warp_specialize and warp_specialized_eligible(
+            device, dtype, config, queue, traced=traced, host_descriptors=host_descriptors,
+            tma_store=tma_store, int64_index=int64_index):
+        kernel = Kernel.WARP_SPECIALIZED
     return LaunchPlan(
         Outcome.LAUNCH, out_shape, compute_dtype, keep_bias,
         copy_a=copy_a, copy_b=copy_b, swap_ab=swap_ab, config=config, queue=queue, grid=grid,
-        use_tma=use_tma, host_descriptors=use_tma and host_descriptors,
+        use_tma=use_tma, host_descriptors=host_descriptors,
         a_row_major=use_tma and a.stride[2] == 1, b_row_major=use_tma and b.stride[2] == 1,
         tma_store=tma_store,
-        int64_index=not all(fits(offset) for offset in offsets),
+        int64_index=int64_index,
         input_precision="tf32" if dtype == torch.float32 and tf32 else "ieee",
         sizes=(m, n, k, batches), strides=(a.stride, b.stride, c.stride, bias_strides),
         partials_numel=tiles * config.split_k * config.block_m * config.block_n
@@ -356,7 +405,24 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         checked=checked,
         live_budget=live_budget,
         activation=activation,
+        kernel=kernel,
     )
+
+
+def warp_specialized_eligible(device: torch.device, dtype: torch.dtype, config: TileConfig, queue: WorkQueue,
+                              *, traced: bool, host_descriptors: bool, tma_store: bool,
+                              int64_index: bool) -> bool:
+    """Whether the warp-specialized kernel can take a launch the Triton kernel would run so,
+    with the same bits: Hopper's wgmma (sm_90), 16-bit operands, a tile it runs
+    (config.WARP_SPECIALIZED_TILES) with no K split or K chunks and no swap, work stealing
+    (it has no static schedule), and every operand moved by a host-built descriptor (it
+    makes none in its programs, so no traced launch) with C stored through one; its bias
+    offsets are int32."""
+    return (not traced and host_descriptors and tma_store and not int64_index
+            and dtype in (torch.bfloat16, torch.float16) and devices.has_wgmma(device)
+            and (config.block_m, config.block_n, config.block_k) in WARP_SPECIALIZED_TILES
+            and config.split_k == 1 and config.k_chunks == 1 and not config.swap_ab
+            and queue.work_stealing)
 
 
 def _round_up(x: int, multiple: int) -> int:

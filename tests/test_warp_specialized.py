@@ -1,0 +1,194 @@
+"""The warp-specialized kernel (warp_specialized_kernel.py) on a Hopper GPU: the Triton
+kernel's bits for every launch it takes, whatever the tile, shape, layout, epilogue, grid
+or live budget, with every output written (outputs start as NaN) and the counters drained
+after every launch (the session's launches are checked: conftest.py). Skipped without an
+sm_90 GPU. Run first:
+
+    python -m pytest tests/test_warp_specialized.py -x -q
+"""
+
+import contextlib
+
+import pytest
+import torch
+
+import tritonblas_ops
+from tritonblas_ops import counters, launch, settings
+from tritonblas_ops.config import HALF_CONFIGS
+from tritonblas_ops.plan import Kernel, Knobs
+from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                       reason="the warp-specialized kernel runs on Hopper (sm_90) only"),
+    pytest.mark.usefixtures("poison_empty"),
+]
+
+WIDE, SQUARE = HALF_CONFIGS[0], HALF_CONFIGS[1]  # 128x256x64 and 128x128x64
+
+
+@contextlib.contextmanager
+def warp_specializing(enabled: bool):
+    before = settings.update(warp_specialize=enabled)
+    try:
+        yield
+    finally:
+        settings.restore(before)
+
+
+def run(a, b, bias=None, *, alpha=1.0, beta=1.0, activation="none", knobs=Knobs(), warp_specialized: bool):
+    """The launch's output, by the kernel asked for (the plan must name it)."""
+    with warp_specializing(warp_specialized):
+        the_plan = launch.plan_for(a, b, bias, alpha, beta, knobs, activation=activation)
+    assert (the_plan.kernel is Kernel.WARP_SPECIALIZED) == warp_specialized, the_plan
+    return launch.execute(the_plan, a, b, bias, alpha, beta)[0]
+
+
+def assert_same_bits(a, b, bias=None, **kwargs):
+    """Both kernels give the same bits, and those are right."""
+    triton_out = run(a, b, bias, warp_specialized=False, **kwargs)
+    warp_specialized = run(a, b, bias, warp_specialized=True, **kwargs)
+    assert torch.equal(warp_specialized, triton_out)
+    return warp_specialized
+
+
+def operand(rows, cols, dtype, transposed=False, batches=None):
+    """(rows, cols), or (batches, rows, cols); transposed: stored the other way round."""
+    lead = (batches,) if batches else ()
+    if transposed:
+        return torch.randn(*lead, cols, rows, dtype=dtype, device="cuda").mT
+    return torch.randn(*lead, rows, cols, dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", [WIDE, SQUARE], ids=["128x256", "128x128"])
+@pytest.mark.parametrize("m,n,k,programs", [(4096, 4096, 4096, None), (3000, 5000, 2000, None),
+                                            (1000, 1304, 776, 16), (129, 264, 72, 2)])
+def test_the_triton_kernels_bits(m, n, k, programs, config, dtype):
+    """Whole and ragged tiles at M, N and K (TMA clips them), many tiles per program."""
+    a, b = operand(m, k, dtype), operand(k, n, dtype)
+    out = assert_same_bits(a, b, knobs=Knobs(config, num_programs=programs))
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("a_t,b_t", [(False, True), (True, False), (True, True)])
+def test_operands_either_way_round(a_t, b_t):
+    """B K-major (a weight's (N, K) storage), A column-major: read transposed by wgmma."""
+    a, b = operand(3000, 2000, torch.bfloat16, a_t), operand(2000, 5000, torch.bfloat16, b_t)
+    out = assert_same_bits(a, b)
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.parametrize("b_t", [False, True])
+def test_batched_operands(b_t):
+    """(B, M, K) @ (B, K, N): one queue of every batch's tiles, descriptors of one batch's box."""
+    a, b = operand(1000, 1024, torch.bfloat16, batches=5), operand(1024, 776, torch.bfloat16, b_t, batches=5)
+    out = assert_same_bits(a, b, knobs=Knobs(num_programs=24))
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("bias_shape", [None, (5000,), (3000, 1), (3000, 5000)])
+def test_bias_and_activation_epilogues(bias_shape, activation):
+    """act(alpha * A @ B + beta * bias), the bias broadcast or whole: the Triton epilogue's bits."""
+    a, b = operand(3000, 2000, torch.bfloat16), operand(2000, 5000, torch.bfloat16, transposed=True)
+    bias = torch.randn(bias_shape, dtype=torch.bfloat16, device="cuda") if bias_shape else None
+    assert_same_bits(a, b, bias, alpha=0.75, beta=1.5, activation=activation)
+
+
+@pytest.mark.parametrize("activation", ["gate_silu", "gate_gelu", "gate_d_gelu", "gate_d_gelu_tanh",
+                                        "gate_d_silu"])
+def test_gated_epilogues(activation):
+    """act(gate) * alpha * A @ B, the gate passed as the bias (a GLU, an activation's backward)."""
+    a, b = operand(3000, 2000, torch.bfloat16), operand(2000, 5000, torch.bfloat16)
+    gate = torch.randn(3000, 5000, dtype=torch.bfloat16, device="cuda")
+    assert_same_bits(a, b, gate, alpha=1.25, activation=activation)
+
+
+@pytest.mark.parametrize("shards", [1, 3, 8])
+def test_counters_drained_after_every_launch(shards):
+    """Checked launches (the session's) compare the tally with the tiles; unchecked ones too
+    must leave the stream's counter buffer all zero, launch after launch."""
+    a, b = operand(4096, 2048, torch.bfloat16), operand(2048, 4096, torch.bfloat16)
+    knobs = Knobs(num_shards=shards, num_programs=100)
+    first = assert_same_bits(a, b, knobs=knobs)
+    tritonblas_ops.set_checked(False)
+    try:
+        for _ in range(3):
+            assert torch.equal(run(a, b, knobs=knobs, warp_specialized=True), first)
+        torch.cuda.synchronize()
+        buffer = counters.zeroed(1, a.device)
+        assert not buffer.any(), buffer.nonzero()[:8].tolist()
+    finally:
+        tritonblas_ops.set_checked(True)
+
+
+def test_the_ops_run_it_when_the_setting_is_on():
+    """torch.ops.tritonblas.ws_mm and ws_addmm (the cached plans) take it, with the same bits."""
+    a, b = operand(4096, 4096, torch.bfloat16), operand(4096, 4096, torch.bfloat16, transposed=True)
+    bias = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+    launch.clear_plans()
+    plain = torch.ops.tritonblas.ws_mm(a, b), torch.ops.tritonblas.ws_addmm(bias, a, b)
+    with warp_specializing(True):
+        for _ in range(3):  # the first call plans, the others reuse the plan
+            assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), plain[0])
+            assert torch.equal(torch.ops.tritonblas.ws_addmm(bias, a, b), plain[1])
+    assert {p.kernel for p in launch.cached_plans()} == {Kernel.TRITON, Kernel.WARP_SPECIALIZED}
+
+
+@pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (3000, 5000, 2000)])
+def test_fewer_programs_same_bits(m, n, k):
+    """sm_budget caps the grid: the remaining programs take every tile, the same bits."""
+    a, b = operand(m, k, torch.bfloat16), operand(k, n, torch.bfloat16)
+    launch.clear_plans()
+    with warp_specializing(True):
+        free = torch.ops.tritonblas.ws_mm(a, b)
+        for programs in (1, 7, 66):
+            with tritonblas_ops.sm_budget(programs):
+                assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), free), programs
+    assert all(p.kernel is Kernel.WARP_SPECIALIZED for p in launch.cached_plans())
+    assert torch.equal(run(a, b, warp_specialized=False), free)
+
+
+@pytest.mark.usefixtures("unchecked")  # checked launches synchronize around each launch
+@pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (4096, 14336, 4096)])
+def test_live_budget_lowered_mid_launch_keeps_the_bits(m, n, k):
+    """A LiveBudget lowered from another stream while launches run: programs leave between
+    tiles (their loader adds departures), the rest finish; the bits are the unbudgeted
+    Triton kernel's, and the launches after it (counters reset by departures) are right."""
+    a, b = operand(m, k, torch.bfloat16), operand(k, n, torch.bfloat16)
+    free = run(a, b, warp_specialized=False)
+    side = torch.cuda.Stream()
+    live = tritonblas_ops.LiveBudget()
+    launch.clear_plans()
+    with warp_specializing(True), live:
+        for programs in (1, 16, 100, 131):
+            outs = [torch.ops.tritonblas.ws_mm(a, b) for _ in range(4)]  # queued: runs for a while
+            live.lower(programs, side)
+            outs += [torch.ops.tritonblas.ws_mm(a, b) for _ in range(2)]  # start under the budget
+            live.restore(side)
+            torch.cuda.synchronize()
+            for out in outs:
+                assert torch.equal(out, free), programs
+        assert all(p.kernel is Kernel.WARP_SPECIALIZED and p.live_budget is live.word
+                   for p in launch.cached_plans())
+        tritonblas_ops.set_checked(True)  # the counters read back: all zero before and after
+        assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), free)
+
+
+def test_cuda_graph_capture_and_replay_with_new_inputs():
+    a, b = operand(1500, 1000, torch.bfloat16), operand(1000, 2600, torch.bfloat16)
+    bias = torch.randn(2600, device="cuda", dtype=torch.bfloat16)
+    with warp_specializing(True), tritonblas_ops.sm_budget(8):  # several tiles per program
+        torch.ops.tritonblas.ws_addmm(bias, a, b)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = torch.ops.tritonblas.ws_addmm(bias, a, b)
+        for _ in range(5):
+            a.copy_(torch.randn_like(a))
+            b.copy_(torch.randn_like(b))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, run(a, b, bias, warp_specialized=False))

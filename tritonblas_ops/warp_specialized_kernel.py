@@ -1,0 +1,371 @@
+"""The work-stealing persistent GEMM, warp-specialized for Hopper (sm_90), in Gluon:
+C[b] = act(alpha * A[b] @ B[b] + beta * bias), bf16/fp16 in, fp32 accumulation.
+
+The same product as kernel.ws_matmul_kernel's, bit for bit, for the launches it takes
+(plan.Kernel.WARP_SPECIALIZED: eager, host tensor descriptors, no K split, no K chunks):
+the same tiles, swizzle, claim counters and claim rules (scheduler.WorkQueue), the same
+K order of wgmma steps and the same epilogue arithmetic (kernel._activation itself).
+
+Why a second kernel: the Triton kernel runs each tile's pipeline fill, next claim and
+epilogue back to back, with the tensor cores idle in between. Here a 1-warp loader
+partition claims tiles and keeps a ring of shared-memory stages full, so the next tile's
+first K steps are resident while the MMA warps (the default partition, 2 warpgroups on one
+128-row tile) run the current tile's epilogue.
+
+Partitions and their handshakes (mbarriers, one CTA):
+  loader (1 warp)                           MMA warps (default partition, 8 warps)
+  claim the first tile (atomic)             wait tile_ready[slot]; read the id; arrive tile_empty
+  per tile: wait tile_empty[slot];          per K step: wait ready[s]; async wgmma; wgmma_wait(1);
+    write the id; arrive tile_ready            bar.sync; arrive empty[previous s]
+  per K step: wait empty[s]; expect bytes;  epilogue per EPI_N-column subtile: bias, activation,
+    TMA A and B -> ready[s]                    regs -> smem, TMA store left in flight
+  claim the next tile CLAIM_LEAD steps      then the next tile id
+    before the tile's last load
+  tile id -1 ends both; the loader adds its tiles to the tally (checked launches).
+
+Operands are (batch, rows, cols) host descriptors with a box of one batch, as kernel.py's;
+a column-major A and a K-major B are described as their transposes and read by wgmma
+transposed from shared memory. C is row-major, stored through C_BUFS (BLOCK_M, EPI_N)
+buffers. Reads top to bottom: claims, the loader, the tile-id ring, the epilogue, the MMA
+partition, the kernel.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# Plain @triton.jit helpers that Gluon calls as they are (scalar code, and the activation's
+# elementwise math on any layout): the rules and the rounding are kernel.py's own.
+from tritonblas_ops.kernel import _activation, _leaving, _shard_begin, _tile_coords
+
+# scheduler.STATUS_CLAIM_OUT_OF_RANGE: this module holds device code only.
+_CLAIM_OUT_OF_RANGE: gl.constexpr = gl.constexpr(1)
+
+# A barrier over the calling partition's warps (bar.sync on the partition's named barrier):
+# gl.thread_barrier in Triton 3.6, gl.barrier from 3.8.
+_partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+# ---------------------------------------------------------------------------------------
+# Claims (scalar code, run by the loader warp)
+# ---------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _claim_tile(counters_ptr, status_ptr, home_shard, dry_shards, num_tiles, num_programs, leaving,
+                budget_ptr, NUM_SHARDS: gl.constexpr, COUNTER_STRIDE: gl.constexpr):
+    """The next tile for this program, or -1 once every shard is dry or it is leaving:
+    kernel._claim_unit line for line (its rules and why are there). A copy because that
+    one's int64 reset store builds a layout-less zero, which Gluon refuses."""
+    unit = gl.to_tensor(-1)
+    while (unit < 0) & (dry_shards < NUM_SHARDS):
+        shard = (home_shard + dry_shards) % NUM_SHARDS
+        begin = _shard_begin(shard, num_tiles, NUM_SHARDS)
+        size = _shard_begin(shard + 1, num_tiles, NUM_SHARDS) - begin
+        counter = counters_ptr + shard * COUNTER_STRIDE
+        # Relaxed is enough: the counter only hands out indices, it guards no data.
+        if budget_ptr is not None:
+            counter = counter.to(gl.pointer_type(gl.int64))
+            step = gl.where(leaving, 1 << 32, 1).to(gl.int64)
+            before = gl.atomic_add(counter, step, sem="relaxed")
+            claimed = (before & 0xFFFFFFFF).to(gl.int32)
+            departed = (before >> 32).to(gl.int32)
+            takes = (claimed < size) & (leaving == 0)
+        else:
+            claimed = gl.atomic_add(counter, 1, sem="relaxed")
+            departed = 0
+            takes = claimed < size
+        if takes:
+            unit = begin + claimed
+        else:
+            terminal = gl.maximum(claimed - size, 0) + departed
+            if terminal == num_programs - 1:
+                if budget_ptr is not None:
+                    gl.store(counter, gl.to_tensor(0).to(gl.int64))
+                else:
+                    gl.store(counter, 0)
+            if terminal >= num_programs:
+                gl.atomic_or(status_ptr, _CLAIM_OUT_OF_RANGE, sem="relaxed")
+            dry_shards += 1
+    return unit, dry_shards
+
+
+# ---------------------------------------------------------------------------------------
+# The tile-id ring: the loader publishes each claimed tile, the MMA warps take it
+# ---------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _publish_tile(tile, count, tile_ids, tile_ready, tile_empty, TILE_SLOTS: gl.constexpr):
+    """Loader side: wait for the slot to be free, write the id, signal."""
+    slot = count % TILE_SLOTS
+    # Fresh mbarriers count as having completed the phase before phase 0: waiting on
+    # phase ^ 1 lets the first TILE_SLOTS publications through.
+    mbarrier.wait(tile_empty.index(slot), ((count // TILE_SLOTS) & 1) ^ 1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    tile_ids.index(slot).store(gl.full([1], tile, gl.int32, layout))
+    # The arrive releases the store above to whoever waits on tile_ready.
+    mbarrier.arrive(tile_ready.index(slot))
+    return count + 1
+
+
+@gluon.jit
+def _next_tile(count, tile_ids, tile_ready, tile_empty, TILE_SLOTS: gl.constexpr):
+    """MMA side: the next tile id (-1: done), its slot handed back."""
+    slot = count % TILE_SLOTS
+    mbarrier.wait(tile_ready.index(slot), (count // TILE_SLOTS) & 1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    tile = gl.max(tile_ids.index(slot).load(layout), axis=0)
+    # Every warp has read the slot before the loader may overwrite it (the arrive is one
+    # thread's).
+    _partition_barrier()
+    mbarrier.arrive(tile_empty.index(slot))
+    return tile, count + 1
+
+
+# ---------------------------------------------------------------------------------------
+# The loader partition
+# ---------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_empty,
+                    counters_ptr, budget_ptr, M, N, K, num_batches,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                    GROUP_M: gl.constexpr, NUM_SHARDS: gl.constexpr, COUNTER_STRIDE: gl.constexpr,
+                    CHECKED: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr,
+                    TILE_SLOTS: gl.constexpr, CLAIM_LEAD: gl.constexpr):
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    STAGE_BYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_m * tiles_n * num_batches
+    k_steps = gl.cdiv(K, BLOCK_K)
+    pid = gl.program_id(0)
+    num_programs = gl.num_programs(0)
+    home_shard = pid % NUM_SHARDS
+    # The counters' layout (scheduler.WorkQueue): a claim counter per shard, then the tally
+    # line (tiles done, status bits).
+    tally_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
+    status_ptr = tally_ptr + 1
+
+    # (dry_shards a tensor from the start: a loop-carried value may not change type)
+    tile, dry_shards = _claim_tile(counters_ptr, status_ptr, home_shard, gl.to_tensor(0), num_tiles,
+                                   num_programs, _leaving(budget_ptr, pid), budget_ptr, NUM_SHARDS,
+                                   COUNTER_STRIDE)
+    tiles_done = 0
+    tile_count = 0
+    load_count = 0  # K steps issued so far, over all tiles: the stage ring's position
+    while tile >= 0:
+        tile_count = _publish_tile(tile, tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
+        batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        m0 = tile_m * BLOCK_M
+        n0 = tile_n * BLOCK_N
+        # The next tile is claimed CLAIM_LEAD K steps before this tile's last load, before
+        # that step's wait for a free stage: the atomic's round trip overlaps the waits, and
+        # the claim stays late enough to leave the other programs their share at the end.
+        # A program leaving under a live budget loads the tile it holds, then goes.
+        claim_step = gl.maximum(k_steps - 1 - CLAIM_LEAD, 0)
+        next_tile = tile
+        for ks in range(k_steps):
+            if ks == claim_step:
+                next_tile, dry_shards = _claim_tile(counters_ptr, status_ptr, home_shard, dry_shards, num_tiles,
+                                                    num_programs, _leaving(budget_ptr, pid), budget_ptr,
+                                                    NUM_SHARDS, COUNTER_STRIDE)
+            s = load_count % STAGES
+            mbarrier.wait(empty.index(s), ((load_count // STAGES) & 1) ^ 1)  # the MMA warps are done with s
+            bar = ready.index(s)
+            mbarrier.expect(bar, STAGE_BYTES)  # TMA counts the whole box, clipped or not
+            k0 = ks * BLOCK_K
+            if A_ROW_MAJOR:
+                tma.async_copy_global_to_shared(a_desc, [batch, m0, k0], bar, a_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(a_desc, [batch, k0, m0], bar, a_bufs.index(s))
+            if B_ROW_MAJOR:
+                tma.async_copy_global_to_shared(b_desc, [batch, k0, n0], bar, b_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(b_desc, [batch, n0, k0], bar, b_bufs.index(s))
+            load_count += 1
+        tiles_done += 1
+        tile = next_tile
+    _publish_tile(-1, tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
+    if CHECKED:
+        # Every tile published is computed: the MMA warps take every id before the -1.
+        gl.atomic_add(tally_ptr, tiles_done, sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------
+# The epilogue and the MMA partition
+# ---------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _store_c(acc, c_desc, c_bufs, bias_ptr, batch, m0, n0, M, N, stride_bias_m, stride_bias_n, alpha, beta,
+             ACTIVATION: gl.constexpr, GATE: gl.constexpr, SUBTILE: gl.constexpr):
+    """C[batch, m0:, n0:] = act(alpha * acc + beta * bias) (or, under GATE, act(bias) *
+    alpha * acc) in C's dtype: kernel._store_tile's fp32 operations in its order, so the
+    same bits. Stored as EPI_N-wide subtiles, left to right, through the ring of C_BUFS
+    shared buffers; SUBTILE: the first subtile's number in the tile. Halves acc
+    (recursively: its width is constexpr) until it is one subtile wide: the wgmma layout
+    holds column bits 3 and up in registers, so a halving only renames registers."""
+    EPI_N: gl.constexpr = c_desc.block_type.shape[2]
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    WIDTH: gl.constexpr = acc.shape[1]
+    if WIDTH == EPI_N:
+        layout: gl.constexpr = acc.type.layout
+        offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        offs_n = n0 + gl.arange(0, EPI_N, layout=gl.SliceLayout(0, layout))
+        acc = acc * alpha
+        if bias_ptr is not None:
+            in_tile = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+            bias = gl.load(bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n,
+                           mask=in_tile, other=0.0)
+            if GATE:
+                acc = acc * _activation(bias.to(gl.float32), ACTIVATION)
+            else:
+                acc += beta * bias.to(gl.float32)
+        if not GATE:
+            acc = _activation(acc, ACTIVATION)
+        c = acc.to(c_desc.dtype)
+        C_BUFS: gl.constexpr = c_bufs.shape[0]
+        buf = c_bufs.index(SUBTILE % C_BUFS)
+        # Round robin: the C_BUFS - 1 newest stores read the other buffers, so with at most
+        # that many in flight the last store from this buffer is done reading it. Subtile
+        # 0's wait is for the previous tile's stores, which ran during this tile's K loop.
+        tma.store_wait(C_BUFS - 1)
+        _partition_barrier()
+        buf.reshape([BLOCK_M, EPI_N]).store(c)
+        fence_async_shared()  # the generic proxy's smem writes, visible to the TMA unit
+        _partition_barrier()
+        tma.async_copy_shared_to_global(c_desc, [batch, m0, n0], buf)  # clipped at M, N
+    else:
+        # (BLOCK_M, WIDTH) -> (BLOCK_M, WIDTH / 2, 2): the last axis is the column's top
+        # bit, which splits the left half from the right.
+        halves = gl.permute(gl.reshape(acc, [BLOCK_M, 2, WIDTH // 2]), [0, 2, 1])
+        left, right = gl.split(halves)
+        _store_c(left, c_desc, c_bufs, bias_ptr, batch, m0, n0, M, N, stride_bias_m, stride_bias_n,
+                 alpha, beta, ACTIVATION, GATE, SUBTILE)
+        _store_c(right, c_desc, c_bufs, bias_ptr, batch, m0, n0 + WIDTH // 2, M, N, stride_bias_m, stride_bias_n,
+                 alpha, beta, ACTIVATION, GATE, SUBTILE + WIDTH // 2 // EPI_N)
+
+
+@gluon.jit
+def _mma_partition(a_bufs, b_bufs, c_desc, ready, empty, tile_ids, tile_ready, tile_empty,
+                   bias_ptr, M, N, K, stride_bias_m, stride_bias_n, alpha, beta,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                   GROUP_M: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr,
+                   ACTIVATION: gl.constexpr, GATE: gl.constexpr, TILE_SLOTS: gl.constexpr,
+                   C_BUFS: gl.constexpr):
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    EPI_N: gl.constexpr = c_desc.block_type.shape[2]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    # The wgmma accumulator: warpgroups stacked along M (8 warps for 128 rows), one
+    # m64nBLOCK_Nk16 instruction per warpgroup and K slice, as Triton's tl.dot issues them.
+    gl.static_assert(BLOCK_M == 16 * NUM_WARPS, "one 16-row slab per warp: BLOCK_M = 16 * num_warps")
+    gl.static_assert(BLOCK_N % EPI_N == 0 and (BLOCK_N // EPI_N) % C_BUFS == 0,
+                     "whole subtiles, and a whole number of C buffer rounds per tile")
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [C_BUFS] + c_desc.block_type.shape, c_desc.layout)
+
+    tile, tile_count = _next_tile(0, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
+    mma_count = 0  # K steps consumed so far, over all tiles (the loader's load_count)
+    while tile >= 0:
+        batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        for ks in range(k_steps):
+            s = mma_count % STAGES
+            mbarrier.wait(ready.index(s), (mma_count // STAGES) & 1)
+            # The stages hold one batch's box: seen as 2-D, transposed back where the
+            # descriptor describes the operand as its transpose.
+            if A_ROW_MAJOR:
+                a = a_bufs.index(s).reshape([BLOCK_M, BLOCK_K])
+            else:
+                a = a_bufs.index(s).reshape([BLOCK_K, BLOCK_M]).permute((1, 0))
+            if B_ROW_MAJOR:
+                b = b_bufs.index(s).reshape([BLOCK_K, BLOCK_N])
+            else:
+                b = b_bufs.index(s).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+            # One wgmma in flight: this wait retires the previous step's, whose stage goes
+            # back to the loader. wgmma_wait is per warpgroup, so all warps meet before the
+            # (one-thread) arrive.
+            acc = warpgroup_mma_wait(1, deps=(acc, ))
+            _partition_barrier()
+            mbarrier.arrive(empty.index((mma_count + STAGES - 1) % STAGES), pred=ks > 0)
+            mma_count += 1
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        _partition_barrier()
+        mbarrier.arrive(empty.index((mma_count + STAGES - 1) % STAGES))
+        # The epilogue, while the loader fills the stages with the next tile's first steps.
+        _store_c(acc, c_desc, c_bufs, bias_ptr, batch, tile_m * BLOCK_M, tile_n * BLOCK_N, M, N,
+                 stride_bias_m, stride_bias_n, alpha, beta, ACTIVATION, GATE, 0)
+        # The next tile id last: the loader has had the whole epilogue to claim it.
+        tile, tile_count = _next_tile(tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
+    tma.store_wait(0)
+
+
+# ---------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def warp_specialized_matmul_kernel(
+    a_desc,  # (B, M, K) with box (1, BLOCK_M, BLOCK_K); column-major: (B, K, M), box transposed
+    b_desc,  # (B, K, N) with box (1, BLOCK_K, BLOCK_N); K-major: (B, N, K), box transposed
+    c_desc,  # (B, M, N) row-major, box (1, BLOCK_M, EPI_N)
+    bias_ptr,  # (M, N) view (broadcast strides may be 0), or None
+    counters_ptr,  # int32, WorkQueue.numel of them: zero at launch and left at zero
+    budget_ptr,  # int32 (1,): a live budget (programs at or above it leave between tiles), or None
+    M, N, K, num_batches,
+    stride_bias_m, stride_bias_n,
+    alpha, beta,  # fp32
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+    GROUP_M: gl.constexpr, NUM_SHARDS: gl.constexpr, COUNTER_STRIDE: gl.constexpr,
+    CHECKED: gl.constexpr,  # tally the tiles done, for the host to compare (checked launches)
+    A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr,
+    ACTIVATION: gl.constexpr,  # of the epilogue (kernel._activation's names)
+    GATE: gl.constexpr,  # the bias is a gate: act(gate) * product
+    STAGES: gl.constexpr,  # shared-memory stages of A and B
+    C_BUFS: gl.constexpr,  # shared buffers of C's (BLOCK_M, EPI_N) subtiles
+    TILE_SLOTS: gl.constexpr,  # tile ids the loader may publish ahead of the MMA warps
+    CLAIM_LEAD: gl.constexpr,  # K steps before a tile's last load that the next claim goes out
+    LOADER_REGS: gl.constexpr,  # registers per thread of the loader warp
+):
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    tile_ids = gl.allocate_shared_memory(gl.int32, [TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    tile_ready = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
+    tile_empty = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)  # the loader's expect; the TMA bytes complete it
+        mbarrier.init(empty.index(i), count=1)  # one arrive from the MMA warps
+    for i in gl.static_range(TILE_SLOTS):
+        mbarrier.init(tile_ready.index(i), count=1)
+        mbarrier.init(tile_empty.index(i), count=1)
+    fence_async_shared()  # the barriers' inits visible to the TMA unit before its first copy
+
+    # The argument tuples are written out in the call: a tuple assigned to a variable first
+    # would turn its constexprs into tensors.
+    gl.warp_specialize([
+        (_mma_partition, (a_bufs, b_bufs, c_desc, ready, empty, tile_ids, tile_ready, tile_empty,
+                          bias_ptr, M, N, K, stride_bias_m, stride_bias_n, alpha, beta,
+                          BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, A_ROW_MAJOR, B_ROW_MAJOR, ACTIVATION, GATE,
+                          TILE_SLOTS, C_BUFS)),
+        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_empty,
+                           counters_ptr, budget_ptr, M, N, K, num_batches,
+                           BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SHARDS, COUNTER_STRIDE, CHECKED,
+                           A_ROW_MAJOR, B_ROW_MAJOR, TILE_SLOTS, CLAIM_LEAD)),
+    ], [1], [LOADER_REGS])
