@@ -26,21 +26,31 @@ REL_TOLERANCE = {
 }
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+def matmul_magnitude(a, b, bias=None, *, alpha=1.0, beta=1.0):
+    """|alpha| |a| @ |b| + |beta| |bias| in float64: the size of the terms a GEMM sums, which
+    bounds its rounding error even where they cancel."""
+    return matmul_ref(a.abs(), b.abs(), None if bias is None else bias.abs(), alpha=abs(alpha), beta=abs(beta))
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
     ref = ref.double()
     diff = out.double() - ref
-    return (diff.norm() / ref.norm().clamp_min(1e-30)).item()
+    norm = (ref if scale is None else scale.double()).norm()
+    return (diff.norm() / norm.clamp_min(1e-30)).item()
 
 
-def assert_matches(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> None:
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, tolerance: float,
+                   scale: torch.Tensor | None = None) -> None:
     """Fails on any NaN/Inf (outputs are poisoned with NaN before tests) or on a relative-norm
-    error above `tolerance`, saying where the worst element is."""
+    error above `tolerance`, saying where the worst element is. `scale` (matmul_magnitude):
+    the error relative to the terms' size instead of the result's, for random problems
+    small enough that their few terms can cancel."""
     assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     finite = torch.isfinite(out)
     if not finite.all():
         where = (~finite).nonzero()[:5].tolist()
         raise AssertionError(f"{(~finite).sum().item()} non-finite outputs, first at {where}")
-    err = rel_error(out, ref)
+    err = rel_error(out, ref, scale)
     if not err <= tolerance:
         worst = (out.double() - ref.double()).abs().argmax()
         index = list(torch.unravel_index(worst, out.shape))
