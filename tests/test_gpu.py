@@ -15,7 +15,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops import activations, budget, counters, fastpath, launch, relayout
 from tritonblas_ops import device as devices
-from tritonblas_ops.config import select_config
+from tritonblas_ops.config import TileConfig, select_config
 from tritonblas_ops.launch import ws_matmul
 from tritonblas_ops.plan import Operand, OperandCopy, Schedule
 from tritonblas_ops.testing import (
@@ -476,6 +476,27 @@ def test_compiled_explicit_op_makes_its_descriptors_in_the_programs():
     assert "ws_matmul_kernel" in "\n".join(code)
     assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "tf32"], indirect=True)
+@pytest.mark.parametrize("m,n,k", [(16, 4096, 14336), (1000, 520, 1032), (8, 1024, 8192)])
+def test_bits_depend_on_the_k_chunks_alone(m, n, k, precision):
+    """Batch-invariant mode's premise: an element's bits do not change with the tile's rows,
+    columns, warps, stages, K step, load path or transposition (wgmma adds a K step's
+    products alike), only with how K is cut into chunks. Every forced tile, one chunk, gives
+    the reference tile's bits; cuBLAS need not."""
+    fp32 = precision == "tf32"
+    dtype = DTYPES[precision]
+    a = torch.randn(m, k, dtype=dtype, device="cuda")
+    b = torch.randn(k, n, dtype=dtype, device="cuda")
+    steps = (32, 64) if fp32 else (64, 128)
+    reference = ws_matmul(a, b, config=TileConfig(128, 128, steps[0], num_warps=4, num_stages=4))
+    assert_matches(reference, matmul_ref(a, b), tolerance(precision))
+    tiles = [TileConfig(bm, bn, bk, num_warps=w, num_stages=3, swap_ab=swap)
+             for bm, bn, w in ((128, 256, 8), (64, 128, 4), (64, 32, 4), (128, 16, 4), (128, 32, 4))
+             for bk in steps for swap in (False, True) if not (bn == 256 and bk == steps[1])]
+    for config, use_tma in itertools.product(tiles, (True, False)):
+        assert torch.equal(ws_matmul(a, b, config=config, use_tma=use_tma), reference), (config, use_tma)
 
 
 @pytest.fixture
