@@ -50,6 +50,10 @@ _CLAIM_OUT_OF_RANGE: gl.constexpr = gl.constexpr(1)
 # A barrier over the calling partition's warps (bar.sync on the partition's named barrier):
 # gl.thread_barrier in Triton 3.6, gl.barrier from 3.8.
 _partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+# TMA copies: async_copy_global_to_shared / async_copy_shared_to_global in Triton 3.6,
+# async_load / async_store from 3.8 (3.9 removed the old names); same arguments.
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
 # ---------------------------------------------------------------------------------------
 # Claims (scalar code, run by the loader warp)
@@ -183,13 +187,13 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile
             mbarrier.expect(bar, STAGE_BYTES)  # TMA counts the whole box, clipped or not
             k0 = ks * BLOCK_K
             if A_ROW_MAJOR:
-                tma.async_copy_global_to_shared(a_desc, [batch, m0, k0], bar, a_bufs.index(s))
+                _tma_load(a_desc, [batch, m0, k0], bar, a_bufs.index(s))
             else:
-                tma.async_copy_global_to_shared(a_desc, [batch, k0, m0], bar, a_bufs.index(s))
+                _tma_load(a_desc, [batch, k0, m0], bar, a_bufs.index(s))
             if B_ROW_MAJOR:
-                tma.async_copy_global_to_shared(b_desc, [batch, k0, n0], bar, b_bufs.index(s))
+                _tma_load(b_desc, [batch, k0, n0], bar, b_bufs.index(s))
             else:
-                tma.async_copy_global_to_shared(b_desc, [batch, n0, k0], bar, b_bufs.index(s))
+                _tma_load(b_desc, [batch, n0, k0], bar, b_bufs.index(s))
             load_count += 1
         tiles_done += 1
         tile = next_tile
@@ -242,7 +246,7 @@ def _store_c(acc, c_desc, c_bufs, bias_ptr, batch, m0, n0, M, N, stride_bias_m, 
         buf.reshape([BLOCK_M, EPI_N]).store(c)
         fence_async_shared()  # the generic proxy's smem writes, visible to the TMA unit
         _partition_barrier()
-        tma.async_copy_shared_to_global(c_desc, [batch, m0, n0], buf)  # clipped at M, N
+        _tma_store(c_desc, [batch, m0, n0], buf)  # clipped at M, N
     else:
         # (BLOCK_M, WIDTH) -> (BLOCK_M, WIDTH / 2, 2): the last axis is the column's top
         # bit, which splits the left half from the right.
