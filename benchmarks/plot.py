@@ -121,20 +121,27 @@ def _grouped_figure(run):
     gemms = list(dict.fromkeys(f"{r['case']} {r['kind']}" for r in ws))
     settings = list(dict.fromkeys(_grouped_setting(r) for r in ws))
     ratio = {(f"{r['case']} {r['kind']}", _grouped_setting(r)): float(r[GROUPED_RATIO]) for r in ws}
-    fig = Figure(figsize=(max(10, 0.25 * len(gemms) * len(settings)), 6), layout="constrained")
-    ax = fig.subplots()
-    width = 0.8 / len(settings)
-    for i, setting in enumerate(settings):
-        xs = [j + (i - (len(settings) - 1) / 2) * width for j in range(len(gemms))]
-        ax.bar(xs, [ratio.get((g, setting), float("nan")) for g in gemms], width, label=setting)
-    ax.axhline(1.0, color="black", linewidth=0.8)
+    fig, ax = _ratio_bars(ratio, gemms, settings, inches_per_bar=0.25)
     ax.axhline(FLOOR, color="C3", linestyle="--", linewidth=0.8, label=f"floor {FLOOR:g}")
     ax.axhline(HELD_TARGET, color="C2", linestyle=":", linewidth=0.8, label=f"held geomean target {HELD_TARGET:g}")
     ax.set_ylabel("ws speedup over torch._grouped_mm (its time / ws's)")
-    ax.set_xticks(range(len(gemms)), gemms, rotation=60, ha="right")
     ax.legend(ncol=len(settings) + 2, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize="small")
     fig.suptitle(_title(run, "Grouped GEMM"))
     return fig
+
+
+def _ratio_bars(ratio, groups, series, *, inches_per_bar):
+    """A figure with a bar per (group, series) of ratio[group, series] (missing: no bar),
+    the groups along x and a line at 1.0."""
+    fig = Figure(figsize=(max(10, inches_per_bar * len(groups) * len(series)), 6), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(series)
+    for i, name in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(groups))]
+        ax.bar(xs, [ratio.get((g, name), float("nan")) for g in groups], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(groups)), groups, rotation=60, ha="right")
+    return fig, ax
 
 
 def _grouped_setting(row):
@@ -166,17 +173,10 @@ def _models_figure(run):
     cases = list(dict.fromkeys(_model_case(r) for r in others))
     variants = list(dict.fromkeys(r["variant"] for r in others))
     ratio = {(_model_case(r), r["variant"]): float(r[MODEL_RATIO]) for r in others}
-    fig = Figure(figsize=(max(10, 0.22 * len(cases) * len(variants)), 6), layout="constrained")
-    ax = fig.subplots()
-    width = 0.8 / len(variants)
-    for i, variant in enumerate(variants):
-        xs = [j + (i - (len(variants) - 1) / 2) * width for j in range(len(cases))]
-        ax.bar(xs, [ratio.get((c, variant), float("nan")) for c in cases], width, label=variant)
-    ax.axhline(1.0, color="black", linewidth=0.8)
+    fig, ax = _ratio_bars(ratio, cases, variants, inches_per_bar=0.22)
     ax.axhline(MODEL_FLOOR, color="C3", linestyle="--", linewidth=0.8, label=f"floor {MODEL_FLOOR:g}")
     ax.set_ylim(bottom=min(0.6, *ratio.values()) if ratio else 0.6)
     ax.set_ylabel("speedup over default Inductor (its ms / the variant's)")
-    ax.set_xticks(range(len(cases)), cases, rotation=60, ha="right")
     ax.legend(ncol=len(variants) + 1, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize="small")
     stamps = sorted({r["timestamp"] for r in run})
     r = run[0]
