@@ -418,11 +418,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def table(rows: list[ModelRow]) -> str:
-    lines = [f"{'model':<15}{'step':<9}{'graphs':<8}{'held':>5}  {'variant':<15}{'ms/step':>10}"
+    width = max([15, *(len(r.model) + 2 for r in rows)])  # the longest name and two spaces
+    lines = [f"{'model':<{width}}{'step':<9}{'graphs':<8}{'held':>5}  {'variant':<15}{'ms/step':>10}"
              f"{'vs default':>12}{'kernels':>9}{'ws':>5}{'rel err':>10}"]
     for r in rows:
         lines.append(
-            f"{r.model:<15}{r.step:<9}{'on' if r.cuda_graphs else 'off':<8}{r.held_sms:>5}  "
+            f"{r.model:<{width}}{r.step:<9}{'on' if r.cuda_graphs else 'off':<8}{r.held_sms:>5}  "
             f"{r.variant:<15}{r.p50_ms:>10.3f}{r.vs_default or float('nan'):>12.3f}"
             f"{'' if r.kernels_per_step is None else r.kernels_per_step:>9}"
             f"{'' if r.ws_kernels_per_step is None else r.ws_kernels_per_step:>5}"

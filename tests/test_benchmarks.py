@@ -87,6 +87,22 @@ def test_models_smoke_run_times_every_model_step_and_variant(tmp_path):
     assert all(0 < err < 1e-5 for err in routed)
 
 
+def test_models_table_fits_the_longest_model_name():
+    """A name longer than the default column (grouped.py's MoE layers) does not run into the step."""
+    from benchmarks import models
+
+    def row(model):
+        return models.ModelRow(timestamp="t", gpu="g", num_sms=None, torch="", triton="", cuda=None,
+                               model=model, step="train", variant="default", cuda_graphs=False,
+                               held_sms=0, steps_per_trial=1, p20_ms=1.0, p50_ms=1.0, p80_ms=1.0,
+                               vs_default=1.0)
+
+    lines = models.table([row("gpt2_mlp"), row("moe_dsv3_e64_t4096")]).splitlines()
+    assert [line.split()[:2] for line in lines] == [["model", "step"], ["gpt2_mlp", "train"],
+                                                     ["moe_dsv3_e64_t4096", "train"]]
+    assert len({line.index("train") for line in lines[1:]}) == 1  # the columns line up
+
+
 def test_models_plot_takes_the_newest_row_of_each_case_and_variant():
     """Several models.py calls fill one figure: each (case, variant) from its newest run."""
     from benchmarks import plot
@@ -252,3 +268,21 @@ def test_policy_measurements_are_the_recorded_runs():
     from benchmarks import policy_table
 
     assert policy_table.MODULE.read_text() == policy_table.module_text()
+
+
+def test_policy_bandwidth_is_the_best_of_the_runs_the_shapes_come_from():
+    """A later run of a few small shapes (`--corpus models`) supplies its shapes, and leaves the
+    best torch.mm bandwidth to the full run that reached it; a run no shape comes from counts
+    for nothing."""
+    from benchmarks import policy_table
+
+    def row(stamp, m, provider, gbps):
+        return dict(timestamp=stamp, mode="gemm", provider=provider, m=m, n=64, k=64, p50_ms=1.0, gbps=gbps)
+
+    rows = [row("1-full", 1, "torch_mm", 4000.0), row("1-full", 1, "ws", 3900.0),
+            row("1-full", 2, "torch_mm", 900.0), row("1-full", 2, "ws", 800.0),
+            row("2-small", 2, "torch_mm", 1300.0), row("2-small", 2, "ws", 1200.0),
+            row("3-mm-only", 3, "torch_mm", 9000.0)]
+    stamps = policy_table._latest_per_shape(rows)[1]
+    assert stamps == ["1-full", "2-small"]
+    assert policy_table._best_bandwidth(rows, stamps) == 4000.0
