@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         tabulate = report.overhead_table
     else:
         provs = providers(device, shards=args.shards, inductor=args.inductor, configs=args.configs,
-                          warp_specialized=args.warp_specialized)
+                          triton_kernel=args.triton_kernel)
         shapes = _shapes(args)
         if args.contention is not None:
             rows = _run_contention(env, shapes, provs, args.contention, dtype, device, args)
@@ -205,8 +205,8 @@ def _parse(argv):
                         help="also time work stealing with these forced tile configs, e.g. "
                              "128x256x64w8s3k1,64x128x64w4s4k4,128x128x64w8s4k1c4 (rows ws_<config>; cC: K in C chunks)")
     parser.add_argument("--inductor", action="store_true", help="add Inductor max-autotune (slow: compiles per shape)")
-    parser.add_argument("--warp-specialized", action="store_true",
-                        help="add the warp-specialized kernel (sm_90; the Triton kernel where it cannot run)")
+    parser.add_argument("--triton-kernel", action="store_true",
+                        help="add work stealing with the Triton kernel alone (the warp-specialized one off)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="ws and static in batch-invariant mode (tritonblas_ops.batch_invariant)")
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="GPU warmup per timed provider and shape")

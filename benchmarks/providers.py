@@ -15,7 +15,7 @@ TORCH_MM = "torch_mm"  # cuBLAS(Lt) on NVIDIA: the bar to meet
 STATIC = "static"  # the same kernel and tile body, tiles assigned statically
 WORK_STEALING = "ws"
 INDUCTOR = "inductor"
-WARP_SPECIALIZED = "ws_warp_specialized"
+TRITON_KERNEL = "ws_triton_kernel"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,11 +26,11 @@ class Provider:
 
 
 def providers(device: torch.device, *, shards: list[int] | None, inductor: bool,
-              configs: list[TileConfig] | None = None, warp_specialized: bool = False) -> list[Provider]:
+              configs: list[TileConfig] | None = None, triton_kernel: bool = False) -> list[Provider]:
     """torch.mm, the static schedule, work stealing (one row per shard count when `shards`
     is given, else the library's default count), one work-stealing row per forced tile
-    config in `configs` (to calibrate select_config), optionally the warp-specialized kernel
-    where a plan can take it (the Triton kernel elsewhere), and optionally Inductor."""
+    config in `configs` (to calibrate select_config), optionally work stealing with the
+    Triton kernel alone (the warp-specialized kernel off), and optionally Inductor."""
     chosen = [
         Provider(TORCH_MM, lambda a, b: lambda: torch.mm(a, b)),
         Provider(STATIC, lambda a, b: lambda: ws_matmul(a, b, schedule=Schedule.STATIC)),
@@ -41,18 +41,18 @@ def providers(device: torch.device, *, shards: list[int] | None, inductor: bool,
         chosen.append(_work_stealing(WORK_STEALING, devices.default_num_shards(device)))
     chosen += [Provider(f"{WORK_STEALING}_{config_name(c)}",
                         lambda a, b, c=c: lambda: ws_matmul(a, b, config=c)) for c in configs or []]
-    if warp_specialized:
-        chosen.append(Provider(WARP_SPECIALIZED, _warp_specialized))
+    if triton_kernel:
+        chosen.append(Provider(TRITON_KERNEL, _triton_kernel))
     if inductor:
         chosen.append(Provider(INDUCTOR, _compile_inductor))
     return chosen
 
 
-def _warp_specialized(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """ws_matmul with the warp_specialize setting on for the call (plans are cached per setting)."""
+def _triton_kernel(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """ws_matmul with the warp_specialize setting off for the call (plans are cached per setting)."""
     def call():
         before = tritonblas_ops.is_warp_specializing()
-        tritonblas_ops.warp_specialize(True)
+        tritonblas_ops.warp_specialize(False)
         try:
             return ws_matmul(a, b)
         finally:

@@ -10,7 +10,6 @@ import torch
 import triton
 from torch.library import opcheck
 from triton import knobs
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops import activations, budget, counters, fastpath, launch, relayout
@@ -224,7 +223,7 @@ def test_cached_launch_matches_the_first_launch_and_reuses_its_plan():
             assert_matches(outs[0], ref, REL_TOLERANCE[torch.bfloat16])
             assert all(torch.equal(out, outs[0]) for out in outs[1:])
     assert [plan.copy_a for plan in launch.cached_plans()] == [OperandCopy.NONE, OperandCopy.ROWS]
-    kept = [arg.base if isinstance(arg, TensorDescriptor) else arg
+    kept = [arg.base if isinstance(arg, fastpath.DESCRIPTORS) else arg
             for cached in launch._cache.values() for arg in cached.launch.args]
     assert not any(isinstance(arg, torch.Tensor) for arg in kept)
     a = torch.randn(333, 1000, dtype=torch.float16, device="cuda")

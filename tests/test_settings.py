@@ -55,21 +55,27 @@ def test_unknown_spellings_are_refused():
         parse_bool("X", "maybe")
 
 
-@pytest.mark.parametrize("switch,query,field,variable", [
-    (tritonblas_ops.batch_invariant, tritonblas_ops.is_batch_invariant, "batch_invariant", settings.BATCH_INVARIANT_ENV),
-    (tritonblas_ops.fuse_epilogues, tritonblas_ops.is_fusing_epilogues, "fuse_epilogues", settings.FUSE_EPILOGUES_ENV),
+@pytest.mark.parametrize("switch,query,field,variable,default", [
+    (tritonblas_ops.batch_invariant, tritonblas_ops.is_batch_invariant, "batch_invariant",
+     settings.BATCH_INVARIANT_ENV, False),
+    (tritonblas_ops.fuse_epilogues, tritonblas_ops.is_fusing_epilogues, "fuse_epilogues",
+     settings.FUSE_EPILOGUES_ENV, False),
     (tritonblas_ops.warp_specialize, tritonblas_ops.is_warp_specializing, "warp_specialize",
-     settings.WARP_SPECIALIZE_ENV),
+     settings.WARP_SPECIALIZE_ENV, True),
 ], ids=["batch_invariant", "fuse_epilogues", "warp_specialize"])
-def test_on_off_switches_and_their_environment(switch, query, field, variable, monkeypatch):
+def test_on_off_switches_and_their_environment(switch, query, field, variable, default, monkeypatch):
     settings.restore(RoutingSettings())
-    assert not query()
+    assert query() is default
     switch(True)
     assert query() and getattr(settings.current(), field)
     switch(False)
     assert not query()
+    monkeypatch.delenv(variable, raising=False)
+    assert getattr(settings.RoutingSettings.from_environment(), field) is default
     monkeypatch.setenv(variable, "on")
     assert getattr(settings.RoutingSettings.from_environment(), field)
+    monkeypatch.setenv(variable, "off")
+    assert not getattr(settings.RoutingSettings.from_environment(), field)
     monkeypatch.setenv(variable, "maybe")
     with pytest.raises(ValueError, match=f"{variable} must be one of"):
         settings.RoutingSettings.from_environment()

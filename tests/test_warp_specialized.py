@@ -11,9 +11,10 @@ import contextlib
 
 import pytest
 import torch
+import triton
 
 import tritonblas_ops
-from tritonblas_ops import counters, launch, settings
+from tritonblas_ops import counters, fastpath, launch, settings
 from tritonblas_ops.config import HALF_CONFIGS
 from tritonblas_ops.plan import Kernel, Knobs
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
@@ -124,17 +125,46 @@ def test_counters_drained_after_every_launch(shards):
         tritonblas_ops.set_checked(True)
 
 
-def test_the_ops_run_it_when_the_setting_is_on():
-    """torch.ops.tritonblas.ws_mm and ws_addmm (the cached plans) take it, with the same bits."""
+def test_the_ops_run_it_by_default():
+    """torch.ops.tritonblas.ws_mm and ws_addmm (the cached plans) take it unless the setting
+    is off, with the Triton kernel's bits."""
     a, b = operand(4096, 4096, torch.bfloat16), operand(4096, 4096, torch.bfloat16, transposed=True)
     bias = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     launch.clear_plans()
-    plain = torch.ops.tritonblas.ws_mm(a, b), torch.ops.tritonblas.ws_addmm(bias, a, b)
-    with warp_specializing(True):
+    with warp_specializing(False):
+        plain = torch.ops.tritonblas.ws_mm(a, b), torch.ops.tritonblas.ws_addmm(bias, a, b)
+    assert settings.RoutingSettings().warp_specialize
+    with warp_specializing(settings.RoutingSettings().warp_specialize):
         for _ in range(3):  # the first call plans, the others reuse the plan
             assert torch.equal(torch.ops.tritonblas.ws_mm(a, b), plain[0])
             assert torch.equal(torch.ops.tritonblas.ws_addmm(bias, a, b), plain[1])
     assert {p.kernel for p in launch.cached_plans()} == {Kernel.TRITON, Kernel.WARP_SPECIALIZED}
+
+
+@pytest.mark.usefixtures("unchecked")  # a checked launch is never a cached fast launch
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_cached_fast_launches_on_new_tensors(activation):
+    """The cached launch (fastpath.CompiledLaunch; Triton 3.6's C launcher directly where it
+    can) puts each call's tensors under the kept Gluon descriptors: calls on fresh operands,
+    more of them than the descriptors it keeps encoded per operand, each the Triton kernel's
+    bits; and a weight reused at one address."""
+    b = operand(2048, 6144, torch.bfloat16)
+    bias = torch.randn(6144, dtype=torch.bfloat16, device="cuda")
+    launch.clear_plans()
+    outs, inputs = [], []
+    with warp_specializing(True):
+        for _ in range(fastpath.ENCODED_PER_SLOT + 3):
+            a = operand(4096, 2048, torch.bfloat16)
+            inputs.append(a)
+            outs.append(torch.ops.tritonblas.ws_mm_act(a, b, bias, activation=activation)
+                        if activation != "none" else torch.ops.tritonblas.ws_addmm(bias, a, b))
+    cached = list(launch._cache.values())
+    assert len(cached) == 1 and cached[0].plan.kernel is Kernel.WARP_SPECIALIZED
+    assert (cached[0].launch is not None) == fastpath.ENABLED
+    if fastpath.ENABLED and triton.__version__.startswith(fastpath.DIRECT_LAUNCH_TRITON):
+        assert cached[0].launch.direct is not None
+    for a, out in zip(inputs, outs):
+        assert torch.equal(out, run(a, b, bias, activation=activation, warp_specialized=False))
 
 
 @pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (3000, 5000, 2000)])

@@ -18,6 +18,7 @@ import torch
 import triton
 from torch.autograd import forward_ad
 from triton import knobs
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritonblas_ops.settings import parse_bool
@@ -48,17 +49,20 @@ else:
 # ---------------------------------------------------------------------------------------
 
 # The tensors a cached launch passes, in this order; each descriptor describes one of them.
+# A kernel takes those of them it names (the warp-specialized one: no pointers to A, B and C).
 POINTERS = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "counters_ptr", "partials_ptr", "budget_ptr")
 DESCRIBED = {f"{t}_desc": POINTERS.index(f"{t}_ptr") for t in "abc"}
+# Host descriptors of the Triton kernel and of the Gluon one: the same fields to the launcher.
+DESCRIPTORS = (TensorDescriptor, GluonTensorDescriptor)
 DIRECT_LAUNCH_TRITON = "3.6."  # the launcher DirectLaunch builds arguments for
 ENCODED_PER_SLOT = 8  # descriptors kept per operand, by address (a weight's never changes)
 
 
-def rebased(descriptor: TensorDescriptor, base: torch.Tensor | None) -> TensorDescriptor:
-    """The descriptor over another tensor of the same layout, without re-validating it (a
-    cached plan guarantees layout and alignment): a field-for-field copy, several times
-    cheaper than copy.copy or the constructor (public: TensorDescriptor(base, ...))."""
-    copy = object.__new__(TensorDescriptor)
+def rebased(descriptor, base: torch.Tensor | None):
+    """The descriptor (one of DESCRIPTORS) over another tensor of the same layout, without
+    re-validating it (a cached plan guarantees layout and alignment): a field-for-field copy,
+    several times cheaper than copy.copy or the constructor (public: the constructor)."""
+    copy = object.__new__(type(descriptor))
     copy.__dict__.update(descriptor.__dict__)
     copy.base = base
     return copy
@@ -82,10 +86,10 @@ class CompiledLaunch:
         self.kernel = kernel
         # Descriptors kept without a base: a plan keeps no tensor of the call that made it.
         self.args = [None if isinstance(value, torch.Tensor)
-                     else rebased(value, None) if isinstance(value, TensorDescriptor) else value
+                     else rebased(value, None) if isinstance(value, DESCRIPTORS) else value
                      for value in (args[name] for name in arg_names)]
         slot = {name: i for i, name in enumerate(arg_names)}
-        self.pointer_slots = [slot[name] for name in POINTERS]
+        self.pointer_slots = [(index, slot[name]) for index, name in enumerate(POINTERS) if name in slot]
         self.descriptor_slots = [(slot[name], index) for name, index in DESCRIBED.items()
                                  if self.args[slot[name]] is not None]
         self.alpha_slot, self.beta_slot = slot["alpha"], slot["beta"]
@@ -100,8 +104,8 @@ class CompiledLaunch:
                 return
             enter_hook = exit_hook = None  # no metadata to build, no hook to call
         args = self.args.copy()
-        for slot, tensor in zip(self.pointer_slots, tensors):
-            args[slot] = tensor
+        for index, slot in self.pointer_slots:
+            args[slot] = tensors[index]
         args[self.alpha_slot], args[self.beta_slot] = alpha, beta
         for slot, index in self.descriptor_slots:
             args[slot] = rebased(args[slot], tensors[index])
@@ -154,7 +158,7 @@ class DirectLaunch:
             return None
         args, pointer_slots, descriptor_slots, scalar_slots, described = [], [], [], [], 0
         for name, value in zip(arg_names, plan_args):
-            if isinstance(value, TensorDescriptor):
+            if isinstance(value, DESCRIPTORS):
                 meta = metas[described] if metas else None
                 described += 1
                 if meta is None or meta.get("fp4_padded"):

@@ -377,11 +377,9 @@ def _launch_cached(cached: _Cached, a, b, bias, alpha: float, beta: float) -> to
 
 def _remember(key: tuple, the_plan: LaunchPlan, compiled, args, on_gpu: bool) -> None:
     launch = None
-    # The fast launch knows Triton's descriptors and argument list, not Gluon's: a
-    # warp-specialized plan is carried out by execute() every time.
-    if (the_plan.outcome is Outcome.LAUNCH and on_gpu and not the_plan.checked
-            and the_plan.kernel is Kernel.TRITON):
-        launch = fastpath.compiled_launch(compiled, ws_matmul_kernel.arg_names, args)
+    if the_plan.outcome is Outcome.LAUNCH and on_gpu and not the_plan.checked:
+        kernel = warp_specialized_matmul_kernel if the_plan.kernel is Kernel.WARP_SPECIALIZED else ws_matmul_kernel
+        launch = fastpath.compiled_launch(compiled, kernel.arg_names, args)
         if launch is None and fastpath.ENABLED:
             return  # not a compiled kernel (an asynchronous compile still running): next time
     with _cache_lock:

@@ -20,7 +20,7 @@ POLICY_ENV = "TRITONBLAS_OPS_POLICY"  # "auto" (default), "shared" or "all"
 PATH_ENV = "TRITONBLAS_OPS_ROUTING_PATH"  # "opaque" (default) or "inline"
 BATCH_INVARIANT_ENV = "TRITONBLAS_OPS_BATCH_INVARIANT"  # off by default
 FUSE_EPILOGUES_ENV = "TRITONBLAS_OPS_FUSE_EPILOGUES"  # off by default (gated and backward forms: no GPU run yet)
-WARP_SPECIALIZE_ENV = "TRITONBLAS_OPS_WARP_SPECIALIZE"  # off by default (not yet run on a GPU)
+WARP_SPECIALIZE_ENV = "TRITONBLAS_OPS_WARP_SPECIALIZE"
 
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
@@ -64,9 +64,9 @@ class RoutingSettings:
     # A routed GEMM and the activation after it become one ws_mm_act call, a GLU's product
     # or an activation's backward of a GEMM one ws_mm_gated call (fusion.py).
     fuse_epilogues: bool = False
-    # Eager launches on Hopper that the warp-specialized kernel can take run it
+    # Launches on Hopper that the warp-specialized kernel can take run it
     # (plan.warp_specialized_eligible); the same bits as the Triton kernel's.
-    warp_specialize: bool = False
+    warp_specialize: bool = True
 
     @classmethod
     def from_environment(cls) -> "RoutingSettings":
@@ -76,7 +76,7 @@ class RoutingSettings:
             path=_choice(Path, PATH_ENV, os.environ.get(PATH_ENV, Path.OPAQUE.value)),
             batch_invariant=parse_bool(BATCH_INVARIANT_ENV, os.environ.get(BATCH_INVARIANT_ENV, "0")),
             fuse_epilogues=parse_bool(FUSE_EPILOGUES_ENV, os.environ.get(FUSE_EPILOGUES_ENV, "0")),
-            warp_specialize=parse_bool(WARP_SPECIALIZE_ENV, os.environ.get(WARP_SPECIALIZE_ENV, "0")),
+            warp_specialize=parse_bool(WARP_SPECIALIZE_ENV, os.environ.get(WARP_SPECIALIZE_ENV, "1")),
         )
 
 
@@ -200,13 +200,13 @@ def is_fusing_epilogues() -> bool:
 
 
 def warp_specialize(enabled: bool) -> None:
-    """The warp-specialized kernel (also TRITONBLAS_OPS_WARP_SPECIALIZE=1) for eager launches
-    from now on that it can take: Hopper (sm_90), bf16 or fp16, operands tensor descriptors
-    can read, one of its tiles with no K split, work stealing (plan.warp_specialized_eligible).
-    Its loader warp claims and loads the next tile while the MMA warps run this one's
-    epilogue; the results are the Triton kernel's bits. Every other launch, and every
-    launch of compiled graphs' inline form, keeps the Triton kernel. Off by default until it
-    has run on a GPU."""
+    """The warp-specialized kernel (on by default; TRITONBLAS_OPS_WARP_SPECIALIZE=0 turns it
+    off) for the launches from now on that it can take: Hopper (sm_90), bf16 or fp16,
+    operands tensor descriptors can read, one of its tiles with no K split, work stealing
+    (plan.warp_specialized_eligible); the ops' calls, eager or from compiled graphs' opaque
+    form. Its loader warp claims and loads the next tile while the MMA warps run this one's
+    epilogue; the results are the Triton kernel's bits. Every other launch, and every launch
+    of compiled graphs' inline form (traced: no host descriptors), keeps the Triton kernel."""
     update(warp_specialize=bool(enabled))
 
 
