@@ -113,7 +113,7 @@ def _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_units, num
             terminal = tl.maximum(claimed - size, 0) + departed
             if terminal == num_programs - 1:
                 if budget_ptr is not None:
-                    tl.store(counter, tl.zeros((), tl.int64))
+                    tl.store(counter, tl.cast(0, tl.int64))  # (a layout-free zero: Gluon calls this too)
                 else:
                     tl.store(counter, 0)
             if terminal >= num_programs:

@@ -40,12 +40,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-# Plain @triton.jit helpers that Gluon calls as they are (scalar code, and the activation's
-# elementwise math on any layout): the rules and the rounding are kernel.py's own.
-from tritonblas_ops.kernel import _activation, _leaving, _shard_begin, _tile_coords
-
-# scheduler.STATUS_CLAIM_OUT_OF_RANGE: this module holds device code only.
-_CLAIM_OUT_OF_RANGE: gl.constexpr = gl.constexpr(1)
+# Plain @triton.jit helpers that Gluon calls as they are (the claims, scalar code run by the
+# loader warp, and the activation's elementwise math on any layout): kernel.py's own rules
+# and rounding.
+from tritonblas_ops.kernel import _activation, _claim_unit, _leaving, _tile_coords
 
 # A barrier over the calling partition's warps (bar.sync on the partition's named barrier):
 # gl.thread_barrier in Triton 3.6, gl.barrier from 3.8.
@@ -54,50 +52,6 @@ _partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.
 # async_load / async_store from 3.8 (3.9 removed the old names); same arguments.
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
-
-# ---------------------------------------------------------------------------------------
-# Claims (scalar code, run by the loader warp)
-# ---------------------------------------------------------------------------------------
-
-
-@gluon.jit
-def _claim_tile(counters_ptr, status_ptr, home_shard, dry_shards, num_tiles, num_programs, leaving,
-                budget_ptr, NUM_SHARDS: gl.constexpr, COUNTER_STRIDE: gl.constexpr):
-    """The next tile for this program, or -1 once every shard is dry or it is leaving:
-    kernel._claim_unit line for line (its rules and why are there). A copy because that
-    one's int64 reset store builds a layout-less zero, which Gluon refuses."""
-    unit = gl.to_tensor(-1)
-    while (unit < 0) & (dry_shards < NUM_SHARDS):
-        shard = (home_shard + dry_shards) % NUM_SHARDS
-        begin = _shard_begin(shard, num_tiles, NUM_SHARDS)
-        size = _shard_begin(shard + 1, num_tiles, NUM_SHARDS) - begin
-        counter = counters_ptr + shard * COUNTER_STRIDE
-        # Relaxed is enough: the counter only hands out indices, it guards no data.
-        if budget_ptr is not None:
-            counter = counter.to(gl.pointer_type(gl.int64))
-            step = gl.where(leaving, 1 << 32, 1).to(gl.int64)
-            before = gl.atomic_add(counter, step, sem="relaxed")
-            claimed = (before & 0xFFFFFFFF).to(gl.int32)
-            departed = (before >> 32).to(gl.int32)
-            takes = (claimed < size) & (leaving == 0)
-        else:
-            claimed = gl.atomic_add(counter, 1, sem="relaxed")
-            departed = 0
-            takes = claimed < size
-        if takes:
-            unit = begin + claimed
-        else:
-            terminal = gl.maximum(claimed - size, 0) + departed
-            if terminal == num_programs - 1:
-                if budget_ptr is not None:
-                    gl.store(counter, gl.to_tensor(0).to(gl.int64))
-                else:
-                    gl.store(counter, 0)
-            if terminal >= num_programs:
-                gl.atomic_or(status_ptr, _CLAIM_OUT_OF_RANGE, sem="relaxed")
-            dry_shards += 1
-    return unit, dry_shards
-
 
 # ---------------------------------------------------------------------------------------
 # The tile-id ring: the loader publishes each claimed tile, the MMA warps take it
@@ -159,7 +113,7 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile
     status_ptr = tally_ptr + 1
 
     # (dry_shards a tensor from the start: a loop-carried value may not change type)
-    tile, dry_shards = _claim_tile(counters_ptr, status_ptr, home_shard, gl.to_tensor(0), num_tiles,
+    tile, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, gl.to_tensor(0), num_tiles,
                                    num_programs, _leaving(budget_ptr, pid), budget_ptr, NUM_SHARDS,
                                    COUNTER_STRIDE)
     tiles_done = 0
@@ -178,7 +132,7 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile
         next_tile = tile
         for ks in range(k_steps):
             if ks == claim_step:
-                next_tile, dry_shards = _claim_tile(counters_ptr, status_ptr, home_shard, dry_shards, num_tiles,
+                next_tile, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_tiles,
                                                     num_programs, _leaving(budget_ptr, pid), budget_ptr,
                                                     NUM_SHARDS, COUNTER_STRIDE)
             s = load_count % STAGES
