@@ -59,7 +59,8 @@ VARIANTS = ("default", "max_autotune", "routed", "routed_inline", "routed_fused"
 STEPS = ("forward", "train")
 SAFETY = 2.0  # hog duration over the expected window, in its slowest (held) case
 ATTEMPTS = 4
-WS_KERNELS = ("ws_matmul_kernel", "ws_grouped_kernel")  # the kernels of the GEMM and the grouped GEMM
+# The kernels of the GEMM (the Triton one and the warp-specialized one) and the grouped GEMM
+WS_KERNELS = ("ws_matmul_kernel", "warp_specialized_matmul_kernel", "ws_grouped_kernel")
 
 
 # ---------------------------------------------------------------------------------------

@@ -286,3 +286,14 @@ def test_policy_bandwidth_is_the_best_of_the_runs_the_shapes_come_from():
     stamps = policy_table._latest_per_shape(rows)[1]
     assert stamps == ["1-full", "2-small"]
     assert policy_table._best_bandwidth(rows, stamps) == 4000.0
+
+
+def test_models_count_every_kernel_the_package_launches():
+    """models.py's work-stealing kernel count matches the profiler's names of all three kernels."""
+    from benchmarks import models
+    from tritonblas_ops.grouped_kernel import ws_grouped_kernel
+    from tritonblas_ops.kernel import ws_matmul_kernel
+    from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
+
+    names = {kernel.fn.__name__ for kernel in (ws_matmul_kernel, warp_specialized_matmul_kernel, ws_grouped_kernel)}
+    assert names == set(models.WS_KERNELS)

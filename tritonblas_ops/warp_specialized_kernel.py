@@ -2,7 +2,7 @@
 C[b] = act(alpha * A[b] @ B[b] + beta * bias), bf16/fp16 in, fp32 accumulation.
 
 The same product as kernel.ws_matmul_kernel's, bit for bit, for the launches it takes
-(plan.Kernel.WARP_SPECIALIZED: eager, host tensor descriptors, no K split, no K chunks):
+(plan.Kernel.WARP_SPECIALIZED: not traced, host tensor descriptors, no K split or K chunks):
 the same tiles, swizzle, claim counters and claim rules (scheduler.WorkQueue), the same
 K order of wgmma steps and the same epilogue arithmetic (kernel._activation itself).
 
