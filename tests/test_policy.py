@@ -63,6 +63,20 @@ def test_a_fused_epilogue_counts_the_pointwise_kernel_it_removes():
     assert fused.routes and fused.kernel_us > fused.cublas_us
 
 
+def test_an_epilogue_that_reads_an_output_sized_operand_pays_for_the_read():
+    """A gate, a pre-activation or a residual read by the epilogue costs the kernel more than
+    the pointwise kernel paid for it (EPILOGUE_OPERAND_GBPS, measured): a Llama-3-8B GLU's up
+    projection and GPT-2's activation backward no longer pay, an activation without an
+    operand still does."""
+    plain = predict(H200, BF16, 8192, 14336, 4096, saved_passes=2)
+    gated = predict(H200, BF16, 8192, 14336, 4096, saved_passes=2, read_passes=1)
+    assert gated.read_us == pytest.approx(8192 * 14336 * 2 * (1 / policy.EPILOGUE_OPERAND_GBPS
+                                                             - 1 / H200["bandwidth_gbps"]) / 1e3)
+    assert plain.routes and not gated.routes and plain.read_us == 0
+    assert predict(H200, BF16, 8192, 3072, 768, saved_passes=2).routes
+    assert not predict(H200, BF16, 8192, 3072, 768, saved_passes=2, read_passes=1).routes
+
+
 def test_decode_rows_share_one_neighbourhood():
     """Up to 16 rows a GEMM reads the same weight in the same time: M = 1..16 predict alike."""
     predictions = {predict(H200, BF16, m, 14336, 4096, saved_passes=0) for m in (1, 3, 7, 16)}
@@ -211,21 +225,26 @@ def test_auto_routes_a_slower_gemm_whose_fused_epilogue_saves_more(stand_in_gpu)
         assert compiled_ops(residual, x.view(1, 64, 256), w) == ["ws_mm_act"]  # one pass saved: 33 us
 
 
-def test_fusion_tells_the_policy_what_each_epilogue_saves(stand_in_gpu, monkeypatch):
-    """Two output-sized passes for an activation, a gated product or an activation's
-    backward (its kernel read the GEMM's output and wrote its own); one for a residual."""
+def test_fusion_tells_the_policy_what_each_epilogue_saves_and_reads(stand_in_gpu, monkeypatch):
+    """Two output-sized passes saved for an activation, a gated product or an activation's
+    backward (its kernel read the GEMM's output and wrote its own); one for a residual. And
+    the output-sized operands the epilogue reads: the gate, a whole residual (a broadcast
+    one, a few KB, does not count)."""
     asked = []
     faster = policy.faster
 
     def recording(*args, **kwargs):
-        asked.append(kwargs.get("saved_passes", 0))
+        asked.append((kwargs.get("saved_passes", 0), kwargs.get("read_passes", 0)))
         return faster(*args, **kwargs)
 
     monkeypatch.setattr(policy, "faster", recording)
-    x, w = half(1, 64, 256), half(256, 256)
+    x, w, row = half(1, 64, 256), half(256, 256), half(256)
+    cases = [(lambda x, w: F.silu(x @ w), (2, 0)),
+             (lambda x, w: x + x @ w, (1, 1)),
+             (lambda x, w: x @ w + row, (1, 0)),
+             (lambda x, w: F.silu(x @ w) * (x @ w.t()), (2, 1))]
     with tritonblas_ops.routing(fuse_epilogues=True):
-        compiled_ops(lambda x, w: F.silu(x @ w), x, w)
-        assert asked[0] == 2
-        asked.clear()
-        compiled_ops(lambda x, w: x + x @ w, x, w)
-        assert asked[0] == 1
+        for fn, expected in cases:
+            asked.clear()
+            compiled_ops(fn, x, w)
+            assert expected in asked, (expected, asked)

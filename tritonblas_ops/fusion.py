@@ -50,10 +50,11 @@ def fuse(graph: torch.fx.Graph) -> int:
     return sum(patterns.apply(graph) for patterns in _patterns())
 
 
-def _routes(a, b, bias, saved_passes: int = SAVED_BY_POINTWISE) -> bool:
+def _routes(a, b, bias, saved_passes: int = SAVED_BY_POINTWISE, read_passes: int = 0) -> bool:
     """Whether routing takes this GEMM with an epilogue fused into it (lowering's rules, on
     the nodes' example values): the fused op must not take a GEMM that routing would leave
-    to Inductor."""
+    to Inductor. `read_passes`: the output-sized operands the epilogue reads (a gate, a
+    residual); a bias of the output's size counts as one."""
     from tritonblas_ops import lowering  # imports this module
 
     values = [node.meta.get("val") for node in (a, b, bias) if node is not None]
@@ -62,10 +63,12 @@ def _routes(a, b, bias, saved_passes: int = SAVED_BY_POINTWISE) -> bool:
     (m, k), n = values[0].shape, values[1].shape[1]
     if bias is not None and not bias_broadcasts(values[2].shape, (m, n)):
         return False  # an add of another shape after the GEMM: not an epilogue's bias
+    if bias is not None and values[2].numel() == m * n:
+        read_passes += 1
     m, n, k = (_hint(size) for size in (m, n, k))
     # A size without a hint counts as 0: nothing routed.
     return lowering.routable([v.device for v in values], [v.dtype for v in values], 1, m, n, k,
-                             saved_passes=saved_passes)
+                             saved_passes=saved_passes, read_passes=read_passes)
 
 
 def _hint(size) -> int:
@@ -84,7 +87,7 @@ def _gated_fusable(match: pattern_matcher.Match) -> bool:
     gate = match.kwargs["gate"].meta.get("val")
     out = match.output_node().meta.get("val")
     a = match.kwargs["a"].meta.get("val")
-    return (_routes(match.kwargs["a"], match.kwargs["b"], None) and isinstance(gate, torch.Tensor)
+    return (_routes(match.kwargs["a"], match.kwargs["b"], None, read_passes=1) and isinstance(gate, torch.Tensor)
             and isinstance(out, torch.Tensor) and gate.shape == out.shape and gate.dtype == a.dtype)
 
 
@@ -289,7 +292,8 @@ def _residual_fusable(viewed: bool):
             return False  # the addend broadened the product
         if viewed and value.shape != out.shape and value.dim() > 1:
             return False  # only a full addend is read back in (M, N)
-        return _routes(match.kwargs["a"], match.kwargs["b"], None, SAVED_BY_RESIDUAL)
+        return _routes(match.kwargs["a"], match.kwargs["b"], None, SAVED_BY_RESIDUAL,
+                       read_passes=int(value.numel() == out.numel()))
 
     return check
 

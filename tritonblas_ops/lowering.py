@@ -106,12 +106,12 @@ def _eligible(a, b, bias, rank: int) -> bool:
 
 
 def routable(devices: list, dtypes: list, batches: int, m: int, n: int, k: int, *,
-             saved_passes: int = 0, grouped: bool = False) -> bool:
+             saved_passes: int = 0, read_passes: int = 0, grouped: bool = False) -> bool:
     """The routing rules on what a GEMM's operands are (their devices and dtypes, the first
     A's) and its size hints: one supported dtype on one CUDA device (or the CPU with
-    settings' cpu), something to compute, and the policy's choice (`saved_passes`: the
-    output-sized memory passes an epilogue fused into it saves, policy.py; `grouped`: a
-    grouped GEMM)."""
+    settings' cpu), something to compute, and the policy's choice (`saved_passes` and
+    `read_passes`: the output-sized memory passes an epilogue fused into it saves, and the
+    output-sized operands it reads, policy.py; `grouped`: a grouped GEMM)."""
     state = settings.current()
     device = devices[0]
     if device is None or device.type not in ("cuda", "cpu") or (device.type == "cpu" and not state.cpu):
@@ -128,8 +128,9 @@ def routable(devices: list, dtypes: list, batches: int, m: int, n: int, k: int, 
         return True
     if state.policy is Policy.SHARED:
         return _shared_routes(batches, m, n, k)
-    return policy.faster(device, dtypes[0], batches, m, n, k, saved_passes=saved_passes, grouped=grouped,
-                         tf32=tf32_enabled(), graphed=inductor_config.triton.cudagraphs)
+    return policy.faster(device, dtypes[0], batches, m, n, k, saved_passes=saved_passes,
+                         read_passes=read_passes, grouped=grouped, tf32=tf32_enabled(),
+                         graphed=inductor_config.triton.cudagraphs)
 
 
 def _cache_key_installed() -> bool:

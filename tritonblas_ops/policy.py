@@ -13,7 +13,9 @@ timing at run time:
 - a fused epilogue saves passes over output-sized memory (`saved_passes`: 2 where it takes
   an activation, a gated product or an activation's backward, whose pointwise kernel read
   the GEMM's output once more and wrote its own; 1 for a residual add, which Inductor may
-  fold into the next kernel), at the best bandwidth measured there;
+  fold into the next kernel), at the best bandwidth measured there; and where it reads an
+  output-sized operand (`read_passes`: a gate, a pre-activation, a residual), that read
+  costs the kernel more than it cost the pointwise kernel (EPILOGUE_OPERAND_GBPS);
 - a GEMM whose predicted time is below the op's host time per call is bound by the host,
   where the opaque op costs more than torch.mm: not routed, unless the graph is compiled
   for CUDA graphs (`mode="reduce-overhead"`), whose replays pay no host time per GEMM.
@@ -36,6 +38,11 @@ log = logging.getLogger(__name__)
 
 DECODE_ROWS = 16  # up to this many rows, a GEMM's time does not depend on M (measured.py)
 NEIGHBOURHOOD = 1.0  # log2 of the largest factor between a neighbour's size and the GEMM's
+# The rate at which a fused epilogue reads an output-sized operand: after each subtile's K
+# loop, in the accumulator's layout. Measured on the H200 (benchmarks/RESULTS.md, "Where a
+# fused epilogue loses"): ws_mm_gated on 8192x3072x768 took 118 us where the GEMM alone
+# takes ~58, ~60 us for its 50 MB gate.
+EPILOGUE_OPERAND_GBPS = 840.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +50,11 @@ class Prediction:
     cublas_us: float
     kernel_us: float
     saved_us: float  # by the fused epilogue: the memory passes it saves
+    read_us: float = 0.0  # by the fused epilogue: its operand reads, beyond a pointwise kernel's
 
     @property
     def routes(self) -> bool:
-        return self.kernel_us <= self.cublas_us + self.saved_us
+        return self.kernel_us + self.read_us <= self.cublas_us + self.saved_us
 
 
 def alignment_class(n: int, k: int, element_size: int) -> str:
@@ -61,7 +69,8 @@ def alignment_class(n: int, k: int, element_size: int) -> str:
     return "aligned"
 
 
-def predict(gpu: dict, dtype: torch.dtype, m: int, n: int, k: int, *, saved_passes: int) -> Prediction | None:
+def predict(gpu: dict, dtype: torch.dtype, m: int, n: int, k: int, *, saved_passes: int,
+            read_passes: int = 0) -> Prediction | None:
     """The kernel's and cuBLAS's predicted times for one GEMM on a measured GPU, or None
     where no measured shape is near enough."""
     shapes = gpu["shapes"].get(str(dtype).removeprefix("torch."), ())
@@ -81,36 +90,40 @@ def predict(gpu: dict, dtype: torch.dtype, m: int, n: int, k: int, *, saved_pass
         return None
     _, cublas_us, _ = min(neighbours)
     slowdown = max(ratio for _, _, ratio in neighbours)
-    saved_us = saved_passes * m * n * element_size / (gpu["bandwidth_gbps"] * 1e3)
-    return Prediction(cublas_us, cublas_us * slowdown, saved_us)
+    pass_bytes = m * n * element_size
+    saved_us = saved_passes * pass_bytes / (gpu["bandwidth_gbps"] * 1e3)
+    read_us = read_passes * pass_bytes * (1 / EPILOGUE_OPERAND_GBPS - 1 / gpu["bandwidth_gbps"]) / 1e3
+    return Prediction(cublas_us, cublas_us * slowdown, saved_us, max(read_us, 0.0))
 
 
 def faster(device: torch.device, dtype: torch.dtype, batches: int, m: int, n: int, k: int, *,
-           saved_passes: int = 0, grouped: bool = False, tf32: bool = False, graphed: bool = False) -> bool:
-    """Policy "auto"'s decision for one GEMM (its dtype, size hints, and the output-sized
-    memory passes an epilogue fused into it saves); `tf32`: whether FP32 GEMMs may run as
+           saved_passes: int = 0, read_passes: int = 0, grouped: bool = False, tf32: bool = False,
+           graphed: bool = False) -> bool:
+    """Policy "auto"'s decision for one GEMM (its dtype, size hints, the output-sized memory
+    passes an epilogue fused into it saves and the output-sized operands it reads); `tf32`: whether FP32 GEMMs may run as
     TF32 (the measured FP32 runs did); `graphed`: CUDA graphs replay it (no host time per
     call). CPU GEMMs (routed with route_cpu, run by the interpreter) are all routed."""
     gpu = measurements(device)
     if gpu is None:
         return device.type == "cpu"  # route_cpu's interpreter: no speed to predict
-    routes, reason = _decide(gpu, dtype, batches, m, n, k, saved_passes, grouped, tf32, graphed)
+    routes, reason = _decide(gpu, dtype, batches, m, n, k, saved_passes, read_passes, grouped, tf32, graphed)
     if log.isEnabledFor(logging.DEBUG):
         what = f"{'grouped ' if grouped else ''}{batches}x{m}x{n}x{k} {dtype}{' fused' if saved_passes else ''}"
         log.debug("policy auto %s %s: %s", "routes" if routes else "leaves to Inductor", what, reason)
     return routes
 
 
-def _decide(gpu: dict, dtype, batches, m, n, k, saved_passes, grouped, tf32, graphed) -> tuple[bool, str]:
+def _decide(gpu: dict, dtype, batches, m, n, k, saved_passes, read_passes, grouped, tf32,
+            graphed) -> tuple[bool, str]:
     if batches != 1 or grouped:
         return False, "no batched or grouped GEMM measured"
     if dtype == torch.float32 and not tf32:
         return False, "FP32 measured as TF32 only"
-    predicted = predict(gpu, dtype, m, n, k, saved_passes=saved_passes)
+    predicted = predict(gpu, dtype, m, n, k, saved_passes=saved_passes, read_passes=read_passes)
     if predicted is None:
         return False, "no measured shape within 2x"
-    times = (f"kernel {predicted.kernel_us:.1f} us, cuBLAS {predicted.cublas_us:.1f} us"
-             f" + {predicted.saved_us:.1f} us saved by the fused epilogue")
+    times = (f"kernel {predicted.kernel_us:.1f} us + {predicted.read_us:.1f} us of epilogue reads, "
+             f"cuBLAS {predicted.cublas_us:.1f} us + {predicted.saved_us:.1f} us saved by the fused epilogue")
     if predicted.kernel_us < gpu["host_us"] and not graphed:
         return False, f"{times}: under the op's host time ({gpu['host_us']} us)"
     return predicted.routes, times
