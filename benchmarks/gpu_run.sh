@@ -11,12 +11,12 @@
 # with another checkout in .baseline/ (git archive <commit> tritonblas_ops benchmarks | tar -x -C .baseline):
 # host time and output bits (benchmarks/ab.py), then the baseline's corpus (run `bench` beside it), ~3 min.
 # grouped (benchmarks/grouped.py: MoE grouped GEMMs, ws against torch._grouped_mm and a torch.mm loop, alone and
-# with 16 and 33 SMs held) is planned to take ~4 min, not yet timed; grouped_moe (not in the default list: a compiled
-# MoE layer's training step, default vs routed) is not timed either.
+# with 16 and 33 SMs held) took under 2.5 min on the H200 (2026-12-05); grouped_moe (not in the default list: a
+# compiled MoE layer's training step, default vs routed) about 1 min with --held 0,16.
 # bench_models (the corpus's `models` group alone, ~1 min: what policy "auto" lacks for the model
 # benchmark; merge and regenerate as for bench) and models_auto (the model benchmark's policy and
-# fusion variants against default Inductor, CUDA graphs on and off; not timed yet, roughly 20 compiles
-# of ~15 s) are not in the default list either.
+# fusion variants against default Inductor, CUDA graphs on and off: on the H200 ~1.3 min for the four small
+# models and ~1.5 min for llama_8b, 2026-12-05) are not in the default list either.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
