@@ -30,7 +30,8 @@ Two GEMMs per case, bf16:
            forward's weight gradient: x^T (a transposed view, as autograd passes it) times dOut
 Providers: ws (torch.ops.tritonblas.ws_grouped_mm), torch_grouped_mm (torch._grouped_mm:
 CUTLASS on the H200), cublas_loop (torch.mm per group into its slice of one output; the
-groups' bounds are read from offs on the host once, before any timing).
+groups' bounds are read from offs on the host once, before any timing); on request
+ws_pointer_loads (ws with pointer loads instead of tensor descriptors).
 
 Each provider's output first passes the float64 gate (measure.py): output memory poisoned
 with NaN, the whole output finite, evenly spaced rows of every group (with its last) against
@@ -67,6 +68,7 @@ import torch.nn.functional as F
 
 import tritonblas_ops
 from benchmarks import contention, measure, models, report, results
+from tritonblas_ops.grouped import grouped_mm
 
 try:
     from tqdm import tqdm
@@ -75,7 +77,10 @@ except ImportError:  # the progress bar is a nicety
         return iterable
 
 WS, TORCH_GROUPED_MM, CUBLAS_LOOP = "ws", "torch_grouped_mm", "cublas_loop"
-PROVIDERS = (WS, TORCH_GROUPED_MM, CUBLAS_LOOP)
+PROVIDERS = (WS, TORCH_GROUPED_MM, CUBLAS_LOOP)  # the default list
+# ws with pointer loads (no tensor descriptors): a weight gradient's programs otherwise build
+# two descriptors per tile (its group's K range), on each tile's critical path.
+WS_POINTER_LOADS = "ws_pointer_loads"
 FORWARD, WGRAD = "forward", "wgrad"
 KINDS = (FORWARD, WGRAD)
 DISTRIBUTIONS = ("uniform", "zipf", "skewed")
@@ -265,6 +270,7 @@ def reference(p: Problem, rows: torch.Tensor) -> torch.Tensor:
 def provider_calls(p: Problem, names: list[str]) -> dict[str, Callable[[], torch.Tensor]]:
     calls = {
         WS: lambda: torch.ops.tritonblas.ws_grouped_mm(p.a, p.b, p.offs),
+        WS_POINTER_LOADS: lambda: grouped_mm(p.a, p.b, p.offs, use_tma=False),
         TORCH_GROUPED_MM: lambda: torch._grouped_mm(p.a, p.b, offs=p.offs),
         CUBLAS_LOOP: mm_loop(p),
     }
@@ -444,7 +450,7 @@ MODE_TITLES = {
     "gemm": "Alone: one call, cold L2 (on the GPU from CUDA-graph replay)",
     "contention": "Back-to-back calls while another stream holds H SMs (median of the trials)",
 }
-SHORT = {WS: "ws", TORCH_GROUPED_MM: "tgmm", CUBLAS_LOOP: "loop"}  # the table's column labels
+SHORT = {WS: "ws", TORCH_GROUPED_MM: "tgmm", CUBLAS_LOOP: "loop", WS_POINTER_LOADS: "wsptr"}  # the table's column labels
 COLUMN = 10
 
 
@@ -586,7 +592,8 @@ def _parse(argv):
     parser.add_argument("--cases", type=parse_cases, metavar="SHAPE_tTOKENS_DIST,...",
                         help="e.g. mixtral_t65536_zipf,dsv3_t16384_uniform (default: the list in CASES)")
     parser.add_argument("--kinds", type=models._csv_list(str, KINDS), default=list(KINDS))
-    parser.add_argument("--providers", type=models._csv_list(str, PROVIDERS), default=list(PROVIDERS))
+    parser.add_argument("--providers", type=models._csv_list(str, (*PROVIDERS, WS_POINTER_LOADS)),
+                        default=list(PROVIDERS), help=f"also {WS_POINTER_LOADS} (not in the default list)")
     parser.add_argument("--held", type=models._csv_list(int), default=HELD, metavar="H,H,...",
                         help="SMs another stream holds, one contention run each (0: none); '' for "
                              "the gemm mode alone")

@@ -297,3 +297,17 @@ def test_models_count_every_kernel_the_package_launches():
 
     names = {kernel.fn.__name__ for kernel in (ws_matmul_kernel, warp_specialized_matmul_kernel, ws_grouped_kernel)}
     assert names == set(models.WS_KERNELS)
+
+
+def test_grouped_pointer_loads_provider_on_request(tmp_path):
+    """ws_pointer_loads (the kernel without tensor descriptors, to price the weight
+    gradient's per-tile descriptors) passes the same gate; it is not in the default list."""
+    from benchmarks import grouped
+
+    out = tmp_path / "grouped.csv"
+    grouped.main(["--smoke", "--cases", "tiny_t40_skewed", "--kinds", "wgrad",
+                  "--providers", "ws,ws_pointer_loads", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert sorted(r["provider"] for r in rows) == ["ws", "ws_pointer_loads"]
+    assert all(float(r["rel_err"]) < 1e-5 for r in rows)
+    assert grouped.WS_POINTER_LOADS not in grouped.PROVIDERS
