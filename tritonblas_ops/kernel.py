@@ -301,6 +301,21 @@ def _activation(x, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _epilogue(acc, bias, alpha, beta, ACTIVATION: tl.constexpr, GATE: tl.constexpr):
+    """act(alpha * acc + beta * bias), or under GATE act(bias) * alpha * acc, in fp32 (bias
+    None: none): every kernel's epilogue arithmetic, in one order, so they round alike."""
+    acc = acc * alpha
+    if bias is not None:
+        if GATE:
+            acc = acc * _activation(bias.to(tl.float32), ACTIVATION)
+        else:
+            acc += beta * bias.to(tl.float32)
+    if not GATE:
+        acc = _activation(acc, ACTIVATION)
+    return acc
+
+
+@triton.jit
 def _store_tile(
     acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
     stride_cb, stride_cm, stride_cn, stride_bias_m, stride_bias_n,
@@ -319,16 +334,11 @@ def _store_tile(
         offs_n = offs_n.to(tl.int64)
     in_m = offs_m < M
     in_n = offs_n < N
-    acc = acc * alpha
+    bias = None
     if bias_ptr is not None:
         bias_ptrs = bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n
         bias = tl.load(bias_ptrs, mask=in_m[:, None] & in_n[None, :], other=0.0)
-        if GATE:
-            acc = acc * _activation(bias.to(tl.float32), ACTIVATION)
-        else:
-            acc += beta * bias.to(tl.float32)
-    if not GATE:
-        acc = _activation(acc, ACTIVATION)
+    acc = _epilogue(acc, bias, alpha, beta, ACTIVATION, GATE)
     c = acc.to(c_ptr.dtype.element_ty)
     if TMA_STORE:  # descriptor coordinates stay int32; the descriptor addresses in 64 bits
         c_desc.store([batch, m0, n0], c.reshape(1, ROWS, COLS))

@@ -4,7 +4,7 @@ C[b] = act(alpha * A[b] @ B[b] + beta * bias), bf16/fp16 in, fp32 accumulation.
 The same product as kernel.ws_matmul_kernel's, bit for bit, for the launches it takes
 (plan.Kernel.WARP_SPECIALIZED: not traced, host tensor descriptors, no K split or K chunks):
 the same tiles, swizzle, claim counters and claim rules (scheduler.WorkQueue), the same
-K order of wgmma steps and the same epilogue arithmetic (kernel._activation itself).
+K order of wgmma steps and the same epilogue arithmetic (kernel._epilogue itself).
 
 Why a second kernel: the Triton kernel runs each tile's pipeline fill, next claim and
 epilogue back to back, with the tensor cores idle in between. Here a 1-warp loader
@@ -41,9 +41,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 # Plain @triton.jit helpers that Gluon calls as they are (the claims, scalar code run by the
-# loader warp, and the activation's elementwise math on any layout): kernel.py's own rules
+# loader warp, and the epilogue's elementwise math on any layout): kernel.py's own rules
 # and rounding.
-from tritonblas_ops.kernel import _activation, _claim_unit, _leaving, _tile_coords
+from tritonblas_ops.kernel import _claim_unit, _epilogue, _leaving, _tile_coords
 
 # A barrier over the calling partition's warps (bar.sync on the partition's named barrier):
 # gl.thread_barrier in Triton 3.6, gl.barrier from 3.8.
@@ -178,18 +178,12 @@ def _store_c(acc, c_desc, c_bufs, bias_ptr, batch, m0, n0, M, N, stride_bias_m, 
         layout: gl.constexpr = acc.type.layout
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
         offs_n = n0 + gl.arange(0, EPI_N, layout=gl.SliceLayout(0, layout))
-        acc = acc * alpha
+        bias = None
         if bias_ptr is not None:
             in_tile = (offs_m < M)[:, None] & (offs_n < N)[None, :]
             bias = gl.load(bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n,
                            mask=in_tile, other=0.0)
-            if GATE:
-                acc = acc * _activation(bias.to(gl.float32), ACTIVATION)
-            else:
-                acc += beta * bias.to(gl.float32)
-        if not GATE:
-            acc = _activation(acc, ACTIVATION)
-        c = acc.to(c_desc.dtype)
+        c = _epilogue(acc, bias, alpha, beta, ACTIVATION, GATE).to(c_desc.dtype)
         C_BUFS: gl.constexpr = c_bufs.shape[0]
         buf = c_bufs.index(SUBTILE % C_BUFS)
         # Round robin: the C_BUFS - 1 newest stores read the other buffers, so with at most
