@@ -17,7 +17,7 @@ from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kerne
 HOPPER = GPUTarget("cuda", 90, 32)
 HOPPER_SHARED_BYTES = 232448  # a CTA's shared memory on H100 and H200 (227 KiB)
 POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16", "offs_ptr": "*i32",
-            "counters_ptr": "*i32", "partials_ptr": "*fp32", "budget_ptr": "*i32"}
+            "counters_ptr": "*i32", "partials_ptr": "*fp32", "budget_ptr": "*i32", "unit_counts_ptr": "*i32"}
 FLOATS = {"alpha": "fp32", "beta": "fp32"}
 
 
@@ -122,8 +122,9 @@ def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major,
                      c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
     if not bias:
         constants["bias_ptr"] = None
-    if not live_budget:
+    if not live_budget:  # the launches without a budget compile without the tests' unit counts too
         constants["budget_ptr"] = None
+        constants["unit_counts_ptr"] = None
     for name in constants:
         signature[name] = "constexpr"
     values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}

@@ -233,9 +233,8 @@ def launch_kernel(plan: LaunchPlan, a, b, c, bias, counters, partials, alpha: fl
     """Launch the kernel as `plan` says on tensors already copied and swapped as it says.
     Returns what the launch gave (Triton's compiled kernel, on a GPU) and the arguments."""
     if plan.kernel is Kernel.WARP_SPECIALIZED:
-        if unit_counts is not None:
-            raise ValueError("the warp-specialized kernel keeps no per-unit counts")
-        args = plan.warp_specialized_arguments(bias, counters, _gluon_descriptors(plan, a, b, c), alpha, beta)
+        args = plan.warp_specialized_arguments(bias, counters, _gluon_descriptors(plan, a, b, c), alpha, beta,
+                                               unit_counts=unit_counts)
         return warp_specialized_matmul_kernel[(plan.grid,)](**args, **plan.launch_options), args
     descriptors = (None, None, None)
     if plan.host_descriptors:

@@ -196,7 +196,7 @@ class LaunchPlan:
             **_epilogue_constants(self.activation),
         )
 
-    def warp_specialized_arguments(self, bias, counters, descriptors, alpha, beta) -> dict:
+    def warp_specialized_arguments(self, bias, counters, descriptors, alpha, beta, *, unit_counts=None) -> dict:
         """warp_specialized_matmul_kernel's arguments by name, in its order: the plan's, with
         the call's bias, counters, scalars and A's, B's and C's host descriptors."""
         m, n, k, batches = self.sizes
@@ -204,7 +204,7 @@ class LaunchPlan:
         a_desc, b_desc, c_desc = descriptors
         return dict(
             a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, bias_ptr=bias, counters_ptr=counters,
-            budget_ptr=self.live_budget, M=m, N=n, K=k, num_batches=batches,
+            budget_ptr=self.live_budget, unit_counts_ptr=unit_counts, M=m, N=n, K=k, num_batches=batches,
             stride_bias_m=self.strides[3][0], stride_bias_n=self.strides[3][1], alpha=alpha, beta=beta,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
             NUM_SHARDS=self.queue.num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,

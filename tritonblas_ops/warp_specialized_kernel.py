@@ -93,7 +93,7 @@ def _next_tile(count, tile_ids, tile_ready, tile_empty, TILE_SLOTS: gl.constexpr
 
 @gluon.jit
 def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_empty,
-                    counters_ptr, budget_ptr, M, N, K, num_batches,
+                    counters_ptr, budget_ptr, unit_counts_ptr, M, N, K, num_batches,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                     GROUP_M: gl.constexpr, NUM_SHARDS: gl.constexpr, COUNTER_STRIDE: gl.constexpr,
                     CHECKED: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr,
@@ -120,6 +120,8 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile
     tile_count = 0
     load_count = 0  # K steps issued so far, over all tiles: the stage ring's position
     while tile >= 0:
+        if unit_counts_ptr is not None:
+            gl.atomic_add(unit_counts_ptr + tile, 1, sem="relaxed")
         tile_count = _publish_tile(tile, tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
         batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         m0 = tile_m * BLOCK_M
@@ -278,6 +280,7 @@ def warp_specialized_matmul_kernel(
     bias_ptr,  # (M, N) view (broadcast strides may be 0), or None
     counters_ptr,  # int32, WorkQueue.numel of them: zero at launch and left at zero
     budget_ptr,  # int32 (1,): a live budget (programs at or above it leave between tiles), or None
+    unit_counts_ptr,  # int32 (tiles,) zeroed, or None: +1 per tile claimed (tests; the stores are checked by value)
     M, N, K, num_batches,
     stride_bias_m, stride_bias_n,
     alpha, beta,  # fp32
@@ -317,7 +320,7 @@ def warp_specialized_matmul_kernel(
                           BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, A_ROW_MAJOR, B_ROW_MAJOR, ACTIVATION, GATE,
                           TILE_SLOTS, C_BUFS)),
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_empty,
-                           counters_ptr, budget_ptr, M, N, K, num_batches,
+                           counters_ptr, budget_ptr, unit_counts_ptr, M, N, K, num_batches,
                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SHARDS, COUNTER_STRIDE, CHECKED,
                            A_ROW_MAJOR, B_ROW_MAJOR, TILE_SLOTS, CLAIM_LEAD)),
     ], [1], [LOADER_REGS])
