@@ -98,20 +98,27 @@ def nvmma_descriptor(dtype: str, box: tuple) -> str:
     return f"tensordesc<{dtype}[{', '.join(map(str, box))}],{layout!r}>"
 
 
-@pytest.mark.parametrize("a_row_major,b_row_major,bias,live_budget,activation,gate",
-                         [(True, True, False, False, "none", False), (True, False, True, True, "gelu", False),
-                          (False, True, True, False, "silu", True), (False, False, True, True, "d_gelu_tanh", True)])
+@pytest.mark.parametrize("a_row_major,b_row_major,bias,live_budget,activation,gate,prefetch",
+                         [(True, True, False, False, "none", False, False),
+                          (True, False, True, True, "gelu", False, False),
+                          (False, True, True, False, "silu", True, False),
+                          (False, False, True, True, "d_gelu_tanh", True, False),
+                          (True, False, True, False, "none", False, True),
+                          (True, True, True, True, "d_gelu", True, True)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("tile", list(WARP_SPECIALIZED_TILES))
 def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major, bias, live_budget, activation,
-                                          gate):
+                                          gate, prefetch):
     """Each warp-specialized variant compiles for sm_90, warp-specialized (setmaxnreg in the
-    PTX: the partitions' register budgets) and within a CTA's shared memory."""
+    PTX: the partitions' register budgets) and within a CTA's shared memory; `prefetch`: the
+    bias read ahead into C's buffers (the variant's fewer stages)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = warp_specialized_matmul_kernel
-    variant = WARP_SPECIALIZED_TILES[tile]
     bm, bn, bk = tile
+    variant = WARP_SPECIALIZED_TILES[tile]
+    if prefetch:
+        variant = variant.prefetching(bn)
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SHARDS=2, COUNTER_STRIDE=64, CHECKED=True,
                      A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major, ACTIVATION=activation, GATE=gate,
                      **variant.kernel_constants())
@@ -119,9 +126,12 @@ def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major,
     signature.update(bias_ptr=f"*{dtype}",
                      a_desc=nvmma_descriptor(dtype, (1, bm, bk) if a_row_major else (1, bk, bm)),
                      b_desc=nvmma_descriptor(dtype, (1, bk, bn) if b_row_major else (1, bn, bk)),
-                     c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
+                     c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)),
+                     bias_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
     if not bias:
         constants["bias_ptr"] = None
+    if not prefetch:
+        constants["bias_desc"] = None
     if not live_budget:  # the launches without a budget compile without the tests' unit counts too
         constants["budget_ptr"] = None
         constants["unit_counts_ptr"] = None
@@ -148,11 +158,13 @@ class _FakeHopperDriver:
         return HOPPER
 
 
-@pytest.mark.parametrize("b_t,bias,batches", [(False, False, 1), (True, True, 1), (True, False, 3)])
+@pytest.mark.parametrize("b_t,bias,batches", [(False, None, 1), (True, "row", 1), (True, None, 3),
+                                              (False, "whole", 1)])
 def test_warp_specialized_launch_binds_and_compiles(b_t, bias, batches, monkeypatch):
     """launch.launch_kernel carries out a warp-specialized plan up to the launch itself (made
-    a compile-only warmup): Gluon's host descriptors, the arguments by name, the launch
-    options, Triton's binding and specialization of them, then compilation for sm_90."""
+    a compile-only warmup): Gluon's host descriptors (a whole bias's too, read ahead), the
+    arguments by name, the launch options, Triton's binding and specialization of them, then
+    compilation for sm_90."""
     import torch
     from triton.runtime import driver
 
@@ -172,13 +184,14 @@ def test_warp_specialized_launch_binds_and_compiles(b_t, bias, batches, monkeypa
     a = torch.empty(batches, m, k, dtype=torch.bfloat16)
     b = torch.empty(batches, n, k, dtype=torch.bfloat16).mT if b_t else torch.empty(batches, k, n, dtype=torch.bfloat16)
     c = torch.empty(batches, m, n, dtype=torch.bfloat16)
-    bias_t = torch.empty(n, dtype=torch.bfloat16) if bias else None
+    bias_t = {None: None, "row": torch.empty(n, dtype=torch.bfloat16),
+              "whole": torch.empty(m, n, dtype=torch.bfloat16)}[bias]
     tile = TileConfig(128, 256, 64)
     cuda_plan = plan(Operand.of(a, traced=False), Operand.of(b, traced=False),
                      Operand.bias(bias_t) if bias else None, batched=True, dtype=a.dtype,
                      device=torch.device("cuda", 0), alpha_zero=False, beta_zero=False, tf32=False,
                      knobs=Knobs(tile, num_programs=16), checked=True, warp_specialize=True)
-    assert cuda_plan.kernel is Kernel.WARP_SPECIALIZED
+    assert cuda_plan.kernel is Kernel.WARP_SPECIALIZED and cuda_plan.prefetch_bias is (bias == "whole")
     previous = driver._active
     driver.set_active(_FakeHopperDriver())
     try:

@@ -104,8 +104,9 @@ def test_rebased_descriptors_keep_their_layout():
 
 def test_a_cached_launch_of_a_kernel_without_operand_pointers(monkeypatch):
     """The warp-specialized kernel's shape of argument list: A, B and C only as (Gluon) host
-    descriptors, no partials. Each call puts the call's tensors under the descriptors and in
-    the pointer arguments the kernel has, and leaves the kept list untouched."""
+    descriptors, the bias as a pointer and a descriptor (read ahead), no partials. Each call
+    puts the call's tensors under the descriptors and in the pointer arguments the kernel
+    has, and leaves the kept list untouched."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 
@@ -120,25 +121,26 @@ def test_a_cached_launch_of_a_kernel_without_operand_pointers(monkeypatch):
         def run(self, *args):
             self.launches.append(args)
 
-    names = ["a_desc", "b_desc", "c_desc", "bias_ptr", "counters_ptr", "budget_ptr", "M", "alpha", "beta"]
-    planned = [torch.randn(1, 32, 16) for _ in range(3)]
-    args = dict(zip(names, [*map(described, planned), None, torch.zeros(4, dtype=torch.int32), None, 32, 1.0, 0.0]))
+    names = ["a_desc", "b_desc", "c_desc", "bias_desc", "bias_ptr", "counters_ptr", "budget_ptr", "M", "alpha",
+             "beta"]
+    planned = [torch.randn(1, 32, 16) for _ in range(4)]
+    args = dict(zip(names, [*map(described, planned), planned[3], torch.zeros(4, dtype=torch.int32), None, 32,
+                            1.0, 0.0]))
     monkeypatch.setattr(fastpath, "_idle", lambda hook: True)
     cached = fastpath.compiled_launch(Kernel(), names, args)
     assert cached.direct is None  # not Triton 3.6's launcher: CompiledKernel.run with the list
-    calls = [(*(torch.randn(1, 32, 16) for _ in range(3)), torch.randn(32), torch.zeros(4, dtype=torch.int32))
-             for _ in range(2)]
+    calls = [(*(torch.randn(1, 32, 16) for _ in range(4)), torch.zeros(4, dtype=torch.int32)) for _ in range(2)]
     for a, b, c, bias, counters in calls:
         cached(5, 7, (a, b, c, bias, counters, None, None), 0.5, 2.0)
     for (a, b, c, bias, counters), launched in zip(calls, Kernel.launches):
         assert launched[:9] == (5, 1, 1, 7, "function", "metadata", None, None, None)
-        a_desc, b_desc, c_desc, bias_arg, counters_arg, budget, m, alpha, beta = launched[9:]
-        for descriptor, tensor, template in zip((a_desc, b_desc, c_desc), (a, b, c), args.values()):
+        a_desc, b_desc, c_desc, bias_desc, bias_arg, counters_arg, budget, m, alpha, beta = launched[9:]
+        for descriptor, tensor, template in zip((a_desc, b_desc, c_desc, bias_desc), (a, b, c, bias), args.values()):
             assert type(descriptor) is GluonTensorDescriptor and descriptor.base is tensor
             assert (descriptor.shape, descriptor.strides, descriptor.block_shape, descriptor.layout) == (
                 template.shape, template.strides, template.block_shape, template.layout)
         assert (bias_arg, counters_arg, budget, m, alpha, beta) == (bias, counters, None, 32, 0.5, 2.0)
-    assert all(cached.args[i].base is None for i in range(3)) and cached.args[3:5] == [None, None]
+    assert all(cached.args[i].base is None for i in range(4)) and cached.args[4:6] == [None, None]
 
 
 @pytest.mark.parametrize("name", ["ws_mm", "ws_addmm", "ws_bmm"])

@@ -317,10 +317,42 @@ def test_warp_specialized_arguments_are_the_kernels(hopper):
     live = torch.full((1,), 2**31 - 1, dtype=torch.int32)
     chosen = gpu_plan(row_major(1, 4096, 4096), row_major(1, 4096, 4096), Operand((4096,), (1,), 2, None),
                       warp_specialize=True, live_budget=live, activation="gate_silu", checked=True)
-    args = chosen.warp_specialized_arguments("bias", "counters", ("a", "b", "c"), 1.0, 1.0)
+    args = chosen.warp_specialized_arguments("bias", "counters", ("a", "b", "c", None), 1.0, 1.0)
     assert list(args) == warp_specialized_matmul_kernel.arg_names
     assert args["budget_ptr"] is live and args["CHECKED"] and args["GATE"] and args["ACTIVATION"] == "silu"
     assert (args["stride_bias_m"], args["stride_bias_n"]) == (0, 1)
+
+
+@pytest.mark.parametrize("bias,prefetched", [
+    (Operand((4096, 4096), (4096, 1), 2, True), True),  # a gate, a residual, a pre-activation
+    (Operand((1, 4096, 4096), (4096 * 4104, 4104, 1), 2, True), True),  # rows of a wider tensor
+    (Operand((4096,), (1,), 2, True), False),  # a row vector: broadcast rows, read from L2
+    (Operand((4096, 1), (1, 1), 2, True), False),  # a column vector
+    (Operand((4096, 4096), (1, 4096), 2, True), False),  # column-major
+    (Operand((4096, 4096), (4100, 1), 2, True), False),  # rows of 8200 bytes: no descriptor
+    (Operand((4096, 4096), (4096, 1), 2, False), False),  # a base 8 bytes off
+    (Operand((4096, 4096), (4096, 1), 4, True), False),  # not C's dtype
+])
+def test_a_whole_bias_is_read_ahead_into_cs_buffers(hopper, bias, prefetched):
+    """The warp-specialized kernel's loader reads an (M, N) bias that a descriptor can describe
+    in C's layout during the K loop; the variant then keeps a C buffer per subtile, and the
+    kernel gets the bias's descriptor layout (C's subtile box, one batch)."""
+    a, b = row_major(1, 4096, 4096), row_major(1, 4096, 4096)
+    chosen = gpu_plan(a, b, bias, warp_specialize=True, activation="gate_silu")
+    assert chosen.kernel is Kernel.WARP_SPECIALIZED and chosen.prefetch_bias is prefetched
+    config = chosen.config
+    plain = WARP_SPECIALIZED_TILES[(config.block_m, config.block_n, config.block_k)]
+    variant = chosen.warp_specialized_variant
+    if not prefetched:
+        assert variant == plain and chosen.bias_descriptor_layout() is None
+        return
+    assert variant.c_bufs == config.block_n // plain.epilogue_n and variant.stages == plain.prefetch_stages
+    layout = chosen.bias_descriptor_layout()
+    assert layout.shape == (1, 4096, 4096) and layout.strides[1:] == (bias.stride[-2], 1)
+    assert layout.box == chosen.descriptor_layouts()[2].box
+    args = chosen.warp_specialized_arguments("bias", "counters", ("a", "b", "c", "bias_desc"), 1.0, 1.0)
+    assert args["bias_desc"] == "bias_desc" and args["C_BUFS"] == variant.c_bufs
+    assert not gpu_plan(a, b, bias, activation="gate_silu").prefetch_bias  # the Triton kernel: pointer loads
 
 
 @pytest.mark.parametrize("case", ["not_sm90", "fp32", "traced", "split_k", "k_chunks", "decode", "one_wave",

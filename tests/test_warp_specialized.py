@@ -107,6 +107,27 @@ def test_gated_epilogues(activation):
     assert_same_bits(a, b, gate, alpha=1.25, activation=activation)
 
 
+@pytest.mark.parametrize("epilogue", ["none", "gate_silu", "gate_d_gelu"])
+@pytest.mark.parametrize("config", [WIDE, SQUARE], ids=["128x256", "128x128"])
+@pytest.mark.parametrize("m,n,k,programs", [(4096, 6144, 2048, None), (3000, 5000, 2000, 7),
+                                            (1000, 1304, 64, 16), (1000, 1304, 128, 3), (129, 264, 72, 2)])
+def test_a_whole_bias_read_ahead(m, n, k, programs, config, epilogue):
+    """A whole (M, N) bias (a residual; a gate; an activation's pre-activation), rows of a
+    wider tensor, read ahead into C's buffers by the loader: the Triton kernel's bits (its
+    epilogue loads the bias itself), right against float64, for ragged tiles, many tiles
+    per program (the buffers handed back and forth every tile) and K of 1 and 2 K steps
+    (the hand-back at the tile's first or last step)."""
+    a, b = operand(m, k, torch.bfloat16), operand(k, n, torch.bfloat16)
+    bias = torch.randn(m, n + 8, dtype=torch.bfloat16, device="cuda")[:, :n]
+    knobs = Knobs(config, num_programs=programs)
+    with warp_specializing(True):
+        the_plan = launch.plan_for(a, b, bias, 1.0, 1.0, knobs, activation=epilogue)
+    assert the_plan.kernel is Kernel.WARP_SPECIALIZED and the_plan.prefetch_bias
+    out = assert_same_bits(a, b, bias, activation=epilogue, knobs=knobs)
+    if epilogue == "none":
+        assert_matches(out, matmul_ref(a, b, bias), REL_TOLERANCE[torch.bfloat16])
+
+
 @pytest.mark.parametrize("shards", [1, 3, 8])
 def test_counters_drained_after_every_launch(shards):
     """Checked launches (the session's) compare the tally with the tiles; unchecked ones too
@@ -142,28 +163,33 @@ def test_the_ops_run_it_by_default():
 
 
 @pytest.mark.usefixtures("unchecked")  # a checked launch is never a cached fast launch
-@pytest.mark.parametrize("activation", ["none", "gelu"])
-def test_cached_fast_launches_on_new_tensors(activation):
+@pytest.mark.parametrize("epilogue", ["bias", "gelu", "residual"])
+def test_cached_fast_launches_on_new_tensors(epilogue):
     """The cached launch (fastpath.CompiledLaunch; Triton 3.6's C launcher directly where it
-    can) puts each call's tensors under the kept Gluon descriptors: calls on fresh operands,
-    more of them than the descriptors it keeps encoded per operand, each the Triton kernel's
-    bits; and a weight reused at one address."""
+    can) puts each call's tensors under the kept Gluon descriptors: calls on fresh operands
+    (and a fresh residual, read ahead through its own descriptor), more of them than the
+    descriptors it keeps encoded per operand, each the Triton kernel's bits; and a weight
+    reused at one address."""
     b = operand(2048, 6144, torch.bfloat16)
-    bias = torch.randn(6144, dtype=torch.bfloat16, device="cuda")
     launch.clear_plans()
     outs, inputs = [], []
     with warp_specializing(True):
         for _ in range(fastpath.ENCODED_PER_SLOT + 3):
             a = operand(4096, 2048, torch.bfloat16)
-            inputs.append(a)
-            outs.append(torch.ops.tritonblas.ws_mm_act(a, b, bias, activation=activation)
-                        if activation != "none" else torch.ops.tritonblas.ws_addmm(bias, a, b))
+            if epilogue == "residual" or not inputs:
+                bias = torch.randn(*((4096,) if epilogue == "residual" else ()), 6144, dtype=torch.bfloat16,
+                                   device="cuda")
+            inputs.append((a, bias))
+            outs.append(torch.ops.tritonblas.ws_addmm(bias, a, b) if epilogue == "bias" else
+                        torch.ops.tritonblas.ws_mm_act(a, b, bias, activation="gelu" if epilogue == "gelu" else "none"))
     cached = list(launch._cache.values())
     assert len(cached) == 1 and cached[0].plan.kernel is Kernel.WARP_SPECIALIZED
+    assert cached[0].plan.prefetch_bias is (epilogue == "residual")
     assert (cached[0].launch is not None) == fastpath.ENABLED
     if fastpath.ENABLED and triton.__version__.startswith(fastpath.DIRECT_LAUNCH_TRITON):
         assert cached[0].launch.direct is not None
-    for a, out in zip(inputs, outs):
+    for (a, bias), out in zip(inputs, outs):
+        activation = "gelu" if epilogue == "gelu" else "none"
         assert torch.equal(out, run(a, b, bias, activation=activation, warp_specialized=False))
 
 

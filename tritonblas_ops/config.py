@@ -106,6 +106,10 @@ class WarpSpecializedVariant:
     stages: int  # A and B stages in shared memory
     epilogue_n: int  # columns of a C subtile (its TMA store's box)
     c_bufs: int  # C subtile buffers: 2 lets a subtile's store overlap the next one's staging
+    # With an (M, N) epilogue operand read ahead (a gate, a residual: plan.prefetch_bias) C's
+    # buffers hold the whole tile, one per subtile, and the loader loads the operand's
+    # subtiles into them during the K loop: the stages that then fit beside them.
+    prefetch_stages: int
     tile_slots: int = 2  # tile ids the loader may claim ahead of the MMA warps
     claim_lead: int = 1  # K steps before a tile's last load that the next claim goes out
     loader_regs: int = 40  # registers per thread of the 1-warp loader partition
@@ -122,13 +126,18 @@ class WarpSpecializedVariant:
     def launch_options(self) -> dict:
         return dict(num_warps=self.num_warps, maxnreg=self.maxnreg)
 
+    def prefetching(self, block_n: int) -> "WarpSpecializedVariant":
+        """The variant for launches that read their epilogue operand ahead into C's buffers."""
+        return dataclasses.replace(self, stages=self.prefetch_stages, c_bufs=block_n // self.epilogue_n)
+
 
 # The tiles (block_m, block_n, block_k) the warp-specialized kernel runs, those of
-# HALF_CONFIGS it can take. 128x256: 4 stages fit beside two 128x64 C buffers, not beside
-# the whole 64 KB tile; 128x128: 4 stages and the whole tile's buffer.
+# HALF_CONFIGS it can take. 128x256: 4 stages fit beside two 128x64 C buffers, 3 beside
+# the whole 64 KB tile (a prefetched epilogue operand); 128x128: 4 stages and the whole
+# tile's buffer.
 WARP_SPECIALIZED_TILES = {
-    (128, 256, 64): WarpSpecializedVariant(stages=4, epilogue_n=64, c_bufs=2),
-    (128, 128, 64): WarpSpecializedVariant(stages=4, epilogue_n=128, c_bufs=1),
+    (128, 256, 64): WarpSpecializedVariant(stages=4, epilogue_n=64, c_bufs=2, prefetch_stages=3),
+    (128, 128, 64): WarpSpecializedVariant(stages=4, epilogue_n=128, c_bufs=1, prefetch_stages=4),
 }
 
 

@@ -51,7 +51,7 @@ else:
 # The tensors a cached launch passes, in this order; each descriptor describes one of them.
 # A kernel takes those of them it names (the warp-specialized one: no pointers to A, B and C).
 POINTERS = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "counters_ptr", "partials_ptr", "budget_ptr")
-DESCRIBED = {f"{t}_desc": POINTERS.index(f"{t}_ptr") for t in "abc"}
+DESCRIBED = {f"{t}_desc": POINTERS.index(f"{t}_ptr") for t in ("a", "b", "c", "bias")}
 # Host descriptors of the Triton kernel and of the Gluon one: the same fields to the launcher.
 DESCRIPTORS = (TensorDescriptor, GluonTensorDescriptor)
 DIRECT_LAUNCH_TRITON = "3.6."  # the launcher DirectLaunch builds arguments for

@@ -108,7 +108,7 @@ def plan_for(a, b, bias, alpha: float, beta: float, knobs: Knobs = Knobs(), *,
     traced = is_fake(a)
     return plan(
         Operand.of(a, traced=traced), Operand.of(b, traced=traced),
-        Operand.bias(bias) if bias is not None else None,
+        Operand.bias(bias, traced=traced) if bias is not None else None,
         batched=a.dim() == 3, dtype=a.dtype, device=a.device,
         alpha_zero=alpha == 0, beta_zero=beta == 0, tf32=a.dtype == torch.float32 and tf32_enabled(),
         knobs=knobs, traced=traced, checked=not traced and checking(a),
@@ -233,7 +233,7 @@ def launch_kernel(plan: LaunchPlan, a, b, c, bias, counters, partials, alpha: fl
     """Launch the kernel as `plan` says on tensors already copied and swapped as it says.
     Returns what the launch gave (Triton's compiled kernel, on a GPU) and the arguments."""
     if plan.kernel is Kernel.WARP_SPECIALIZED:
-        args = plan.warp_specialized_arguments(bias, counters, _gluon_descriptors(plan, a, b, c), alpha, beta,
+        args = plan.warp_specialized_arguments(bias, counters, _gluon_descriptors(plan, a, b, c, bias), alpha, beta,
                                                unit_counts=unit_counts)
         return warp_specialized_matmul_kernel[(plan.grid,)](**args, **plan.launch_options), args
     descriptors = (None, None, None)
@@ -289,12 +289,13 @@ def host_descriptor(base: torch.Tensor, layout: DescriptorLayout) -> TensorDescr
     return TensorDescriptor(base, list(layout.shape), list(layout.strides), list(layout.box))
 
 
-def _gluon_descriptors(plan: LaunchPlan, a, b, c) -> tuple:
-    """A's, B's and C's tensor descriptors for the warp-specialized kernel: the plan's
-    layouts, each with the NVMMA shared layout its box lands in (Gluon names it on the host)."""
+def _gluon_descriptors(plan: LaunchPlan, a, b, c, bias) -> tuple:
+    """A's, B's, C's and the prefetched bias's (else None) tensor descriptors for the
+    warp-specialized kernel: the plan's layouts, each with the NVMMA shared layout its box
+    lands in (Gluon names it on the host)."""
     return tuple(GluonTensorDescriptor(t, list(layout.shape), list(layout.strides), list(layout.box),
-                                       _shared_layout(layout.box, t.dtype))
-                 for t, layout in zip((a, b, c), plan.descriptor_layouts()))
+                                       _shared_layout(layout.box, t.dtype)) if layout is not None else None
+                 for t, layout in zip((a, b, c, bias), (*plan.descriptor_layouts(), plan.bias_descriptor_layout())))
 
 
 @functools.cache

@@ -79,9 +79,10 @@ class Operand:
     aligned: bool | None  # its base address is 16-byte aligned; None: not known
 
     @classmethod
-    def bias(cls, t: torch.Tensor) -> "Operand":
-        """A bias as it is: any shape that broadcasts to (M, N)."""
-        return cls(tuple(t.shape), tuple(t.stride()), t.element_size(), None)
+    def bias(cls, t: torch.Tensor, *, traced: bool = False) -> "Operand":
+        """A bias as it is: any shape that broadcasts to (M, N); its base's alignment is
+        known for a real tensor only."""
+        return cls(tuple(t.shape), tuple(t.stride()), t.element_size(), None if traced else t.data_ptr() % 16 == 0)
 
     @classmethod
     def of(cls, t: torch.Tensor, *, traced: bool) -> "Operand":
@@ -162,6 +163,9 @@ class LaunchPlan:
     live_budget: torch.Tensor | None = dataclasses.field(default=None, compare=False)
     activation: str = "none"  # the epilogue's: one of activations.EPILOGUES
     kernel: Kernel = Kernel.TRITON
+    # The warp-specialized kernel's loader reads the bias, an (M, N) operand with unit
+    # column stride (a gate, a residual), into shared memory during the K loop.
+    prefetch_bias: bool = False
 
     def arguments(self, a, b, c, bias, counters, partials, descriptors, alpha, beta, *,
                   unit_counts=None, sizes=None, strides=None) -> dict:
@@ -198,12 +202,13 @@ class LaunchPlan:
 
     def warp_specialized_arguments(self, bias, counters, descriptors, alpha, beta, *, unit_counts=None) -> dict:
         """warp_specialized_matmul_kernel's arguments by name, in its order: the plan's, with
-        the call's bias, counters, scalars and A's, B's and C's host descriptors."""
+        the call's bias, counters, scalars and A's, B's, C's and (prefetched) the bias's host
+        descriptors."""
         m, n, k, batches = self.sizes
         config = self.config
-        a_desc, b_desc, c_desc = descriptors
+        a_desc, b_desc, c_desc, bias_desc = descriptors
         return dict(
-            a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, bias_ptr=bias, counters_ptr=counters,
+            a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, bias_desc=bias_desc, bias_ptr=bias, counters_ptr=counters,
             budget_ptr=self.live_budget, unit_counts_ptr=unit_counts, M=m, N=n, K=k, num_batches=batches,
             stride_bias_m=self.strides[3][0], stride_bias_n=self.strides[3][1], alpha=alpha, beta=beta,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
@@ -216,7 +221,8 @@ class LaunchPlan:
     @property
     def warp_specialized_variant(self) -> WarpSpecializedVariant:
         config = self.config
-        return WARP_SPECIALIZED_TILES[(config.block_m, config.block_n, config.block_k)]
+        variant = WARP_SPECIALIZED_TILES[(config.block_m, config.block_n, config.block_k)]
+        return variant.prefetching(config.block_n) if self.prefetch_bias else variant
 
     def descriptor_layouts(self) -> tuple:
         """A's, B's and (under TMA_STORE) C's DescriptorLayout, as launched (None for C
@@ -228,6 +234,14 @@ class LaunchPlan:
         return (descriptor_layout((batches, m, k), stride_a, bm, bk),
                 descriptor_layout((batches, k, n), stride_b, bk, bn),
                 descriptor_layout((batches, m, n), stride_c, bm, c_cols) if self.tma_store else None)
+
+    def bias_descriptor_layout(self) -> "DescriptorLayout | None":
+        """The prefetched bias's: (1, M, N) with C's subtile box (it lands in C's buffers)."""
+        if not self.prefetch_bias:
+            return None
+        m, n = self.sizes[:2]
+        return descriptor_layout((1, m, n), (0, self.strides[3][0], 1), self.config.block_m,
+                                 self.warp_specialized_variant.epilogue_n)
 
     @property
     def launch_options(self) -> dict:
@@ -390,6 +404,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
             device, dtype, config, queue, traced=traced, host_descriptors=host_descriptors,
             tma_store=tma_store, int64_index=int64_index):
         kernel = Kernel.WARP_SPECIALIZED
+    prefetch_bias = kernel is Kernel.WARP_SPECIALIZED and keep_bias and _prefetchable(bias, bias_strides, c)
     return LaunchPlan(
         Outcome.LAUNCH, out_shape, compute_dtype, keep_bias,
         copy_a=copy_a, copy_b=copy_b, swap_ab=swap_ab, config=config, queue=queue, grid=grid,
@@ -406,6 +421,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         live_budget=live_budget,
         activation=activation,
         kernel=kernel,
+        prefetch_bias=prefetch_bias,
     )
 
 
@@ -423,6 +439,15 @@ def warp_specialized_eligible(device: torch.device, dtype: torch.dtype, config: 
             and (config.block_m, config.block_n, config.block_k) in WARP_SPECIALIZED_TILES
             and config.split_k == 1 and config.k_chunks == 1 and not config.swap_ab
             and queue.work_stealing)
+
+
+def _prefetchable(bias: Operand, strides: tuple, c: Operand) -> bool:
+    """Whether a tensor descriptor can read the bias as an (M, N) operand in C's layout: a
+    16-byte aligned base, unit column stride, 16-byte aligned rows that differ (a row
+    vector broadcast down the columns is a few KB, read from L2 as it is), C's dtype."""
+    row_stride, col_stride = strides
+    return (bias.aligned is True and bias.element_size == c.element_size and col_stride == 1
+            and row_stride != 0 and (row_stride * bias.element_size) % 16 == 0)
 
 
 def _round_up(x: int, multiple: int) -> int:

@@ -21,12 +21,18 @@ Partitions and their handshakes (mbarriers, one CTA):
     TMA A and B -> ready[s]                    regs -> smem, TMA store left in flight
   claim the next tile CLAIM_LEAD steps      then the next tile id
     before the tile's last load
+  with an (M, N) bias read ahead:           at K step 2 of every tile but the first: wait for
+    wait bias_free; TMA the tile's bias        the previous tile's stores; arrive bias_free;
+    subtiles into C's buffers -> bias_ready    before the epilogue wait bias_ready
   tile id -1 ends both; the loader adds its tiles to the tally (checked launches).
 
 Operands are (batch, rows, cols) host descriptors with a box of one batch, as kernel.py's;
 a column-major A and a K-major B are described as their transposes and read by wgmma
 transposed from shared memory. C is row-major, stored through C_BUFS (BLOCK_M, EPI_N)
-buffers. Reads top to bottom: claims, the loader, the tile-id ring, the epilogue, the MMA
+buffers. A bias that is a whole (M, N) operand (a gate, a residual, a pre-activation)
+otherwise costs the epilogue a global load per subtile, in the accumulator's layout and
+after the K loop; read ahead, C's buffers hold the whole tile and receive it by TMA while
+the K loop runs (one stage fewer fits beside them on 128x256 tiles). Reads top to bottom: claims, the loader, the tile-id ring, the epilogue, the MMA
 partition, the kernel.
 """
 
@@ -92,8 +98,9 @@ def _next_tile(count, tile_ids, tile_ready, tile_empty, TILE_SLOTS: gl.constexpr
 
 
 @gluon.jit
-def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_empty,
-                    counters_ptr, budget_ptr, unit_counts_ptr, M, N, K, num_batches,
+def _load_partition(a_desc, b_desc, bias_desc, a_bufs, b_bufs, c_bufs, ready, empty, tile_ids, tile_ready,
+                    tile_empty, bias_ready, bias_free, counters_ptr, budget_ptr, unit_counts_ptr, M, N, K,
+                    num_batches,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                     GROUP_M: gl.constexpr, NUM_SHARDS: gl.constexpr, COUNTER_STRIDE: gl.constexpr,
                     CHECKED: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr,
@@ -151,6 +158,16 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile
             else:
                 _tma_load(b_desc, [batch, n0, k0], bar, b_bufs.index(s))
             load_count += 1
+        if bias_desc is not None:
+            # The tile's epilogue operand into C's buffers, one box per subtile, once the
+            # MMA warps have seen the previous tile's stores out of them (a few K steps into
+            # this tile, which are loaded by now): it lands during this tile's last steps.
+            SUBTILES: gl.constexpr = c_bufs.type.shape[0]
+            EPI_N: gl.constexpr = bias_desc.block_type.shape[2]
+            mbarrier.wait(bias_free, (tiles_done & 1) ^ 1)
+            mbarrier.expect(bias_ready, SUBTILES * bias_desc.block_type.nbytes)
+            for j in gl.static_range(SUBTILES):
+                _tma_load(bias_desc, [0, m0, n0 + j * EPI_N], bias_ready, c_bufs.index(j))
         tiles_done += 1
         tile = next_tile
     _publish_tile(-1, tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
@@ -165,12 +182,14 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile
 
 
 @gluon.jit
-def _store_c(acc, c_desc, c_bufs, bias_ptr, batch, m0, n0, M, N, stride_bias_m, stride_bias_n, alpha, beta,
-             ACTIVATION: gl.constexpr, GATE: gl.constexpr, SUBTILE: gl.constexpr):
+def _store_c(acc, c_desc, c_bufs, bias_desc, bias_ptr, batch, m0, n0, M, N, stride_bias_m, stride_bias_n,
+             alpha, beta, ACTIVATION: gl.constexpr, GATE: gl.constexpr, SUBTILE: gl.constexpr):
     """C[batch, m0:, n0:] = act(alpha * acc + beta * bias) (or, under GATE, act(bias) *
     alpha * acc) in C's dtype: kernel._store_tile's fp32 operations in its order, so the
     same bits. Stored as EPI_N-wide subtiles, left to right, through the ring of C_BUFS
-    shared buffers; SUBTILE: the first subtile's number in the tile. Halves acc
+    shared buffers; SUBTILE: the first subtile's number in the tile. With a bias_desc the
+    bias subtile is already in the subtile's own buffer (the loader's prefetch), read from
+    there and overwritten by C; else it is read from global memory here. Halves acc
     (recursively: its width is constexpr) until it is one subtile wide: the wgmma layout
     holds column bits 3 and up in registers, so a halving only renames registers."""
     EPI_N: gl.constexpr = c_desc.block_type.shape[2]
@@ -180,19 +199,26 @@ def _store_c(acc, c_desc, c_bufs, bias_ptr, batch, m0, n0, M, N, stride_bias_m, 
         layout: gl.constexpr = acc.type.layout
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
         offs_n = n0 + gl.arange(0, EPI_N, layout=gl.SliceLayout(0, layout))
-        bias = None
-        if bias_ptr is not None:
-            in_tile = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-            bias = gl.load(bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n,
-                           mask=in_tile, other=0.0)
-        c = _epilogue(acc, bias, alpha, beta, ACTIVATION, GATE).to(c_desc.dtype)
         C_BUFS: gl.constexpr = c_bufs.shape[0]
         buf = c_bufs.index(SUBTILE % C_BUFS)
-        # Round robin: the C_BUFS - 1 newest stores read the other buffers, so with at most
-        # that many in flight the last store from this buffer is done reading it. Subtile
-        # 0's wait is for the previous tile's stores, which ran during this tile's K loop.
-        tma.store_wait(C_BUFS - 1)
-        _partition_barrier()
+        bias = None
+        if bias_ptr is not None:
+            if bias_desc is not None:
+                bias = buf.reshape([BLOCK_M, EPI_N]).load(layout)  # zeros past M and N, as TMA clips
+                _partition_barrier()  # every warp has its bias before C overwrites the buffer
+            else:
+                in_tile = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+                bias = gl.load(bias_ptr + offs_m[:, None] * stride_bias_m + offs_n[None, :] * stride_bias_n,
+                               mask=in_tile, other=0.0)
+        c = _epilogue(acc, bias, alpha, beta, ACTIVATION, GATE).to(c_desc.dtype)
+        if bias_desc is None:
+            # Round robin: the C_BUFS - 1 newest stores read the other buffers, so with at
+            # most that many in flight the last store from this buffer is done reading it.
+            # Subtile 0's wait is for the previous tile's stores, which ran during this
+            # tile's K loop. (Prefetching: every subtile has its buffer, and the previous
+            # tile's stores were waited for before the prefetch.)
+            tma.store_wait(C_BUFS - 1)
+            _partition_barrier()
         buf.reshape([BLOCK_M, EPI_N]).store(c)
         fence_async_shared()  # the generic proxy's smem writes, visible to the TMA unit
         _partition_barrier()
@@ -202,15 +228,15 @@ def _store_c(acc, c_desc, c_bufs, bias_ptr, batch, m0, n0, M, N, stride_bias_m, 
         # bit, which splits the left half from the right.
         halves = gl.permute(gl.reshape(acc, [BLOCK_M, 2, WIDTH // 2]), [0, 2, 1])
         left, right = gl.split(halves)
-        _store_c(left, c_desc, c_bufs, bias_ptr, batch, m0, n0, M, N, stride_bias_m, stride_bias_n,
+        _store_c(left, c_desc, c_bufs, bias_desc, bias_ptr, batch, m0, n0, M, N, stride_bias_m, stride_bias_n,
                  alpha, beta, ACTIVATION, GATE, SUBTILE)
-        _store_c(right, c_desc, c_bufs, bias_ptr, batch, m0, n0 + WIDTH // 2, M, N, stride_bias_m, stride_bias_n,
-                 alpha, beta, ACTIVATION, GATE, SUBTILE + WIDTH // 2 // EPI_N)
+        _store_c(right, c_desc, c_bufs, bias_desc, bias_ptr, batch, m0, n0 + WIDTH // 2, M, N, stride_bias_m,
+                 stride_bias_n, alpha, beta, ACTIVATION, GATE, SUBTILE + WIDTH // 2 // EPI_N)
 
 
 @gluon.jit
-def _mma_partition(a_bufs, b_bufs, c_desc, ready, empty, tile_ids, tile_ready, tile_empty,
-                   bias_ptr, M, N, K, stride_bias_m, stride_bias_n, alpha, beta,
+def _mma_partition(a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile_ids, tile_ready, tile_empty,
+                   bias_ready, bias_free, bias_ptr, M, N, K, stride_bias_m, stride_bias_n, alpha, beta,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                    GROUP_M: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr,
                    ACTIVATION: gl.constexpr, GATE: gl.constexpr, TILE_SLOTS: gl.constexpr,
@@ -223,15 +249,21 @@ def _mma_partition(a_bufs, b_bufs, c_desc, ready, empty, tile_ids, tile_ready, t
     gl.static_assert(BLOCK_M == 16 * NUM_WARPS, "one 16-row slab per warp: BLOCK_M = 16 * num_warps")
     gl.static_assert(BLOCK_N % EPI_N == 0 and (BLOCK_N // EPI_N) % C_BUFS == 0,
                      "whole subtiles, and a whole number of C buffer rounds per tile")
+    gl.static_assert(bias_desc is None or BLOCK_N // EPI_N == C_BUFS,
+                     "a prefetched bias needs a C buffer per subtile")
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     tiles_m = gl.cdiv(M, BLOCK_M)
     tiles_n = gl.cdiv(N, BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [C_BUFS] + c_desc.block_type.shape, c_desc.layout)
+    # The K step of each tile after the first at which the previous tile's stores are
+    # waited for and C's buffers handed to the loader's prefetch: late enough for the
+    # stores to have drained, early enough for the prefetch to land before the epilogue.
+    free_step = gl.minimum(2, k_steps - 1)
 
     tile, tile_count = _next_tile(0, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
     mma_count = 0  # K steps consumed so far, over all tiles (the loader's load_count)
+    tiles_done = 0
     while tile >= 0:
         batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
@@ -255,13 +287,21 @@ def _mma_partition(a_bufs, b_bufs, c_desc, ready, empty, tile_ids, tile_ready, t
             acc = warpgroup_mma_wait(1, deps=(acc, ))
             _partition_barrier()
             mbarrier.arrive(empty.index((mma_count + STAGES - 1) % STAGES), pred=ks > 0)
+            if bias_desc is not None:
+                if (ks == free_step) & (tiles_done > 0):
+                    tma.store_wait(0)
+                    _partition_barrier()
+                    mbarrier.arrive(bias_free)
             mma_count += 1
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         _partition_barrier()
         mbarrier.arrive(empty.index((mma_count + STAGES - 1) % STAGES))
         # The epilogue, while the loader fills the stages with the next tile's first steps.
-        _store_c(acc, c_desc, c_bufs, bias_ptr, batch, tile_m * BLOCK_M, tile_n * BLOCK_N, M, N,
+        if bias_desc is not None:
+            mbarrier.wait(bias_ready, tiles_done & 1)
+        _store_c(acc, c_desc, c_bufs, bias_desc, bias_ptr, batch, tile_m * BLOCK_M, tile_n * BLOCK_N, M, N,
                  stride_bias_m, stride_bias_n, alpha, beta, ACTIVATION, GATE, 0)
+        tiles_done += 1
         # The next tile id last: the loader has had the whole epilogue to claim it.
         tile, tile_count = _next_tile(tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
     tma.store_wait(0)
@@ -277,6 +317,7 @@ def warp_specialized_matmul_kernel(
     a_desc,  # (B, M, K) with box (1, BLOCK_M, BLOCK_K); column-major: (B, K, M), box transposed
     b_desc,  # (B, K, N) with box (1, BLOCK_K, BLOCK_N); K-major: (B, N, K), box transposed
     c_desc,  # (B, M, N) row-major, box (1, BLOCK_M, EPI_N)
+    bias_desc,  # the bias as (1, M, N) row-major with C's box, read ahead into C's buffers; or None
     bias_ptr,  # (M, N) view (broadcast strides may be 0), or None
     counters_ptr,  # int32, WorkQueue.numel of them: zero at launch and left at zero
     budget_ptr,  # int32 (1,): a live budget (programs at or above it leave between tiles), or None
@@ -304,6 +345,11 @@ def warp_specialized_matmul_kernel(
     tile_ids = gl.allocate_shared_memory(gl.int32, [TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     tile_ready = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
     tile_empty = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [C_BUFS] + c_desc.block_type.shape, c_desc.layout)
+    bias_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # prefetch landed
+    bias_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # C's buffers drained
+    mbarrier.init(bias_ready, count=1)
+    mbarrier.init(bias_free, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)  # the loader's expect; the TMA bytes complete it
         mbarrier.init(empty.index(i), count=1)  # one arrive from the MMA warps
@@ -315,12 +361,14 @@ def warp_specialized_matmul_kernel(
     # The argument tuples are written out in the call: a tuple assigned to a variable first
     # would turn its constexprs into tensors.
     gl.warp_specialize([
-        (_mma_partition, (a_bufs, b_bufs, c_desc, ready, empty, tile_ids, tile_ready, tile_empty,
-                          bias_ptr, M, N, K, stride_bias_m, stride_bias_n, alpha, beta,
+        (_mma_partition, (a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile_ids, tile_ready,
+                          tile_empty, bias_ready, bias_free, bias_ptr, M, N, K, stride_bias_m, stride_bias_n,
+                          alpha, beta,
                           BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, A_ROW_MAJOR, B_ROW_MAJOR, ACTIVATION, GATE,
                           TILE_SLOTS, C_BUFS)),
-        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_empty,
-                           counters_ptr, budget_ptr, unit_counts_ptr, M, N, K, num_batches,
+        (_load_partition, (a_desc, b_desc, bias_desc, a_bufs, b_bufs, c_bufs, ready, empty, tile_ids,
+                           tile_ready, tile_empty, bias_ready, bias_free, counters_ptr, budget_ptr,
+                           unit_counts_ptr, M, N, K, num_batches,
                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SHARDS, COUNTER_STRIDE, CHECKED,
                            A_ROW_MAJOR, B_ROW_MAJOR, TILE_SLOTS, CLAIM_LEAD)),
     ], [1], [LOADER_REGS])
