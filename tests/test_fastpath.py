@@ -102,6 +102,30 @@ def test_rebased_descriptors_keep_their_layout():
         descriptor.shape, descriptor.strides, descriptor.block_shape, descriptor.padding)
 
 
+def test_a_cached_launch_of_the_triton_kernel(monkeypatch):
+    """The Triton kernel's argument list (pointers, descriptors of A, B and C only): the call's
+    tensors go to its pointer arguments, alpha and beta to theirs."""
+    from tritonblas_ops.kernel import ws_matmul_kernel
+
+    class Kernel:  # what CompiledLaunch reads of Triton's CompiledKernel
+        function, packed_metadata = "function", "metadata"
+        launches = []
+
+        def run(self, *args):
+            self.launches.append(args)
+
+    names = ws_matmul_kernel.arg_names
+    args = {name: None if name.endswith(("_ptr", "_desc")) else 1.0 if name in ("alpha", "beta") else 3
+            for name in names}
+    monkeypatch.setattr(fastpath, "_idle", lambda hook: True)
+    cached = fastpath.compiled_launch(Kernel(), names, args)
+    tensors = tuple(torch.randn(2) for _ in fastpath.POINTERS)
+    cached(5, 7, tensors, 0.5, 2.0)
+    launched = dict(zip(names, Kernel.launches[0][9:]))
+    assert all(launched[name] is tensor for name, tensor in zip(fastpath.POINTERS, tensors))
+    assert (launched["alpha"], launched["beta"]) == (0.5, 2.0)
+
+
 def test_a_cached_launch_of_a_kernel_without_operand_pointers(monkeypatch):
     """The warp-specialized kernel's shape of argument list: A, B and C only as (Gluon) host
     descriptors, the bias as a pointer and a descriptor (read ahead), no partials. Each call

@@ -91,7 +91,7 @@ class CompiledLaunch:
         slot = {name: i for i, name in enumerate(arg_names)}
         self.pointer_slots = [(index, slot[name]) for index, name in enumerate(POINTERS) if name in slot]
         self.descriptor_slots = [(slot[name], index) for name, index in DESCRIBED.items()
-                                 if self.args[slot[name]] is not None]
+                                 if name in slot and self.args[slot[name]] is not None]
         self.alpha_slot, self.beta_slot = slot["alpha"], slot["beta"]
         self.direct = DirectLaunch.build(kernel, arg_names, self.args)
 
