@@ -311,3 +311,13 @@ def test_grouped_pointer_loads_provider_on_request(tmp_path):
     assert sorted(r["provider"] for r in rows) == ["ws", "ws_pointer_loads"]
     assert all(float(r["rel_err"]) < 1e-5 for r in rows)
     assert grouped.WS_POINTER_LOADS not in grouped.PROVIDERS
+
+
+def test_epilogues_benchmark_says_it_needs_a_gpu(monkeypatch):
+    """benchmarks.epilogues times CUDA kernels only: without a GPU it stops with a message,
+    before drawing any operand."""
+    from benchmarks import epilogues
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        epilogues.main(["--shapes", "64x64x64"])

@@ -38,11 +38,13 @@ log = logging.getLogger(__name__)
 
 DECODE_ROWS = 16  # up to this many rows, a GEMM's time does not depend on M (measured.py)
 NEIGHBOURHOOD = 1.0  # log2 of the largest factor between a neighbour's size and the GEMM's
-# The rate at which a fused epilogue reads an output-sized operand: after each subtile's K
-# loop, in the accumulator's layout. Measured on the H200 (benchmarks/RESULTS.md, "Where a
-# fused epilogue loses"): ws_mm_gated on 8192x3072x768 took 118 us where the GEMM alone
-# takes ~58, ~60 us for its 50 MB gate.
-EPILOGUE_OPERAND_GBPS = 840.0
+# The rate a fused epilogue's output-sized operand costs the kernel: the operand's bytes
+# over (fused - plain GEMM). Measured on the H200 (benchmarks/RESULTS.md, "Fused epilogues
+# that read an operand"; python -m benchmarks.epilogues), the warp-specialized kernel reading
+# it ahead during the K loop: 800-6800 GB/s over 5 shapes and 3 epilogues, ~1000-1400 for
+# the GELU slope's gate (its erf is paid per element too). The low end, to route only where
+# the fused op wins.
+EPILOGUE_OPERAND_GBPS = 1000.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,69 @@
+"""Fused epilogues that read an output-sized operand, eager and alone: what a gate or a
+residual read in the kernel's epilogue costs beyond the plain GEMM, against cuBLAS and the
+pointwise kernel eager PyTorch runs after it.
+
+    python -m benchmarks.epilogues [--shapes 8192x3072x768,...]
+
+Per shape (bf16, row-major operands, an (M, N) gate/residual), microseconds per call
+(triton.testing.do_bench's mean, L2 flushed before each call):
+  mm            torch.mm (cuBLAS)
+  ws_mm         torch.ops.tritonblas.ws_mm
+  gated         ws_mm_gated(a, b, g, activation="silu"): silu(g) * (a @ b), SwiGLU's product
+  gated_dgelu   ws_mm_gated(..., activation="d_gelu"): GELU's slope at g times the product
+  addmm_res     ws_addmm(g, a, b): a residual added in the epilogue
+  torch_addmm   torch.addmm(g, a, b)
+  eager_gated   silu(g) * torch.mm(a, b): cuBLAS, then the pointwise kernel
+and the gated product's relative error against float64. policy.EPILOGUE_OPERAND_GBPS comes
+from these rows: the operand's bytes over (fused - ws_mm).
+"""
+
+import argparse
+
+import torch
+import triton
+
+import tritonblas_ops  # noqa: F401  registers torch.ops.tritonblas
+
+SHAPES = "8192x3072x768,8192x768x3072,8192x14336x4096,8192x4096x14336,8192x4096x4096"
+
+
+def _us(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100) * 1e3
+
+
+def measure(m: int, n: int, k: int) -> tuple[dict, float]:
+    ops = torch.ops.tritonblas
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    reference = torch.nn.functional.silu(g.double()) * (a.double() @ b.double())
+    out = ops.ws_mm_gated(a, b, g, activation="silu")
+    error = ((out.double() - reference).norm() / reference.norm()).item()
+    times = dict(mm=_us(lambda: torch.mm(a, b)), ws_mm=_us(lambda: ops.ws_mm(a, b)),
+                 gated=_us(lambda: ops.ws_mm_gated(a, b, g, activation="silu")),
+                 gated_dgelu=_us(lambda: ops.ws_mm_gated(a, b, g, activation="d_gelu")),
+                 addmm_res=_us(lambda: ops.ws_addmm(g, a, b)), torch_addmm=_us(lambda: torch.addmm(g, a, b)),
+                 eager_gated=_us(lambda: torch.nn.functional.silu(g) * torch.mm(a, b)))
+    return times, error
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=SHAPES, help="MxNxK, comma-separated")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.epilogues needs a CUDA GPU")
+    torch.manual_seed(0)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    for shape in args.shapes.split(","):
+        m, n, k = (int(x) for x in shape.split("x"))
+        times, error = measure(m, n, k)
+        operand_bytes = 2 * m * n
+        rates = {name: operand_bytes / (times[name] - times["ws_mm"]) / 1e3
+                 for name in ("gated", "gated_dgelu", "addmm_res") if times[name] > times["ws_mm"]}
+        print(f"{shape} err {error:.1e} " + " ".join(f"{name}={us:.1f}" for name, us in times.items())
+              + " | operand GB/s " + " ".join(f"{name}={rate:.0f}" for name, rate in rates.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
