@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [bench_models] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_moe]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_moe]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
 # (AOTInductor compiles), bench ~2 min (68 shapes; 51 took ~1.5 min; merge its rows into benchmarks/results/
-# and run `python -m benchmarks.policy_table` to refresh policy "auto"'s measurements), contention ~1 min, sweep (tile configs for select_config) ~5 min, the rest
+# and run `python -m benchmarks.policy_table` to refresh policy "auto"'s measurements), contention ~1 min, sweep (tile configs for select_config) ~5 min before its `models` line was added (not yet timed with it), the rest
 # under a minute each (handoff, the live budget's wait with an idle floor: ~1 min); one device call may run 10 minutes. models_small and models_8b (benchmarks/models.py,
 # not in the default list) compile every variant per model, step and graph mode: ~15 s each (one llama_8b run),
 # so roughly 12 and 3 minutes; their stage times are not measured yet. `ab` (not in the default list) compares this tree
@@ -13,6 +13,8 @@
 # grouped (benchmarks/grouped.py: MoE grouped GEMMs, ws against torch._grouped_mm and a torch.mm loop, alone and
 # with 16 and 33 SMs held) took under 2.5 min on the H200 (2026-12-05); grouped_moe (not in the default list: a
 # compiled MoE layer's training step, default vs routed) about 1 min with --held 0,16.
+# epilogues (benchmarks/epilogues.py: fused gate and residual epilogues, printed only, ~30 s on the
+# H200) is not in the default list.
 # bench_models (the corpus's `models` group alone, ~1 min: what policy "auto" lacks for the model
 # benchmark; merge and regenerate as for bench) and models_auto (the model benchmark's policy and
 # fusion variants against default Inductor, CUDA graphs on and off: on the H200 ~1.3 min for the four small
@@ -56,8 +58,12 @@ if has sweep; then  # select_config's calibration: forced tile configs beside it
     128x128x64w4s4k4,128x128x64w4s4k8,128x128x64w4s4k16,64x128x64w4s4k4,64x128x64w4s4k8,128x64x64w4s4k8,128x256x64w8s3k2,128x256x64w8s3k4
   sweep 1x28672x8192,1x14336x4096,16x14336x4096,16x28672x8192,16x4096x4096,1x8192x28672,16x4096x14336 \
     128x16x128w4s5k1t,128x16x128w4s5k2t,128x16x128w4s4k4t,128x16x64w4s8k1t,128x32x128w4s4k1t,64x128x128w4s4k1,64x128x64w4s4k1
+  # The `models` group's mid-size GEMMs (the small blocks' weight gradients, 0.58-0.73x)
+  sweep 1024x2816x4096,2816x1024x4096,768x3072x8192,3072x768x8192,1024x1024x4096 \
+    128x128x64w8s4k1,128x128x64w4s4k2,128x128x64w4s4k3,64x128x64w4s4k1,64x128x64w4s4k2,128x64x64w4s4k2,128x256x64w8s3k2
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
+has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8
 has bench_models && python3 -m benchmarks.bench --corpus models --out "$OUT/h200_bf16.csv" 2>&1 \
   | tee "$OUT/bench_models.log" | tail -20
 has models_auto && python3 -m benchmarks.models --models gpt2_mlp,llama_small,llama_8b,decode_8b_t1,decode_8b_t16 \
