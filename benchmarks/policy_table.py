@@ -5,7 +5,10 @@ out of the recorded corpus runs (benchmarks/results/<gpu>_<dtype>.csv):
 
 For each dtype file, every shape's median time under torch.mm and under the kernel (`mode`
 gemm) from the latest run that timed that shape under both: a run of one corpus group
-(`bench --corpus models`) adds and refreshes its shapes without dropping the others. Also the run's best torch.mm bandwidth (what a pointwise
+(`bench --corpus models`) adds and refreshes its shapes without dropping the others. The
+kernel is the default one: bf16's shapes come first from the run that timed the
+warp-specialized kernel (the default on sm_90 since 5cf05ac; `bench --warp-specialized`, the
+Triton kernel elsewhere) and from the main file only where that run lacks them. Also the run's best torch.mm bandwidth (what a pointwise
 kernel the fusion removes would reach) and the eager op's host time per call (the latest
 `--overhead` run). tests/test_benchmarks.py checks that the module matches these files.
 """
@@ -19,14 +22,18 @@ from benchmarks.providers import TORCH_MM, WORK_STEALING
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 MODULE = pathlib.Path(__file__).parent.parent / "tritonblas_ops" / "measured.py"
-# (file, dtype) per table; fp32's two files (B row-major, B K-major) form one table, so a
-# prediction takes the worse of the two layouts.
+# The files per dtype, each with the provider that timed the default kernel there; fp32's
+# two files (B row-major, B K-major) form one table, so a prediction takes the worse of the
+# two layouts. bf16: the warp-specialized run's rows first, then the main file's for the
+# shapes it lacks.
 SOURCES = {
-    "bfloat16": ("h200_bf16.csv",),
-    "float16": ("h200_fp16.csv",),
-    "float32": ("h200_fp32.csv", "h200_fp32_kmajor.csv"),
+    "bfloat16": (("h200_bf16_warp_specialized.csv", "ws_warp_specialized"), ("h200_bf16.csv", WORK_STEALING)),
+    "float16": (("h200_fp16.csv", WORK_STEALING),),
+    "float32": (("h200_fp32.csv", WORK_STEALING), ("h200_fp32_kmajor.csv", WORK_STEALING)),
 }
-HOST_SOURCE = "h200_bf16.csv"
+PREFERRED = {"bfloat16"}  # dtypes whose files are alternatives, the first one's shapes first
+MAIN_BF16 = "h200_bf16.csv"  # the full corpus runs: the device, versions, bandwidth and host time
+HOST_SOURCE = MAIN_BF16
 EAGER_OP = "ws_op"  # the overhead run's provider: the op called from Python, one call
 
 HEADER = '''"""What routing policy "auto" predicts from: the corpus measured on each GPU (written by
@@ -51,32 +58,47 @@ def _latest_gemm_run(rows: list[dict]) -> list[dict]:
     return [r for r in gemm if r["timestamp"] == latest]
 
 
-def _latest_per_shape(rows: list[dict]) -> tuple[list[tuple], list[str]]:
-    """(m, n, k, torch.mm us, kernel us) of every shape, medians over the rows of the latest
-    run that timed it under both, and the timestamps of the runs used, oldest first."""
+def _latest_per_shape(rows: list[dict], kernel: str) -> list[tuple[tuple, str]]:
+    """((m, n, k, torch.mm us, kernel us), timestamp) of every shape: medians over the rows of
+    the latest run that timed it under both torch.mm and the provider `kernel`."""
     times: dict[tuple, dict[str, dict[str, list[float]]]] = {}  # shape -> run -> provider -> us
     for r in rows:
-        if r["mode"] == "gemm" and r["provider"] in (TORCH_MM, WORK_STEALING):
+        if r["mode"] == "gemm" and r["provider"] in (TORCH_MM, kernel):
             key = int(r["m"]), int(r["n"]), int(r["k"])
             run = times.setdefault(key, {}).setdefault(r["timestamp"], {})
             run.setdefault(r["provider"], []).append(float(r["p50_ms"]) * 1e3)
-    shapes, used = [], set()
+    shapes = []
     for key, runs in sorted(times.items()):
-        complete = [stamp for stamp, t in runs.items() if TORCH_MM in t and WORK_STEALING in t]
+        complete = [stamp for stamp, t in runs.items() if TORCH_MM in t and kernel in t]
         if complete:
             stamp = max(complete)
             t = runs[stamp]
-            used.add(stamp)
-            shapes.append((*key, round(statistics.median(t[TORCH_MM]), 2),
-                           round(statistics.median(t[WORK_STEALING]), 2)))
-    return shapes, sorted(used)
+            shapes.append(((*key, round(statistics.median(t[TORCH_MM]), 2),
+                            round(statistics.median(t[kernel]), 2)), stamp))
+    return shapes
 
 
-def _best_bandwidth(rows: list[dict], stamps: list[str]) -> float:
-    """The best GB/s torch.mm reached in the runs the shapes come from: a run of a few shapes
-    (`--corpus models`) must not lower it to what its own shapes reach."""
-    return max(float(r["gbps"]) for r in rows
-               if r["mode"] == "gemm" and r["provider"] == TORCH_MM and r["timestamp"] in stamps)
+def _best_bandwidth(runs: list[tuple[list[dict], str]]) -> float:
+    """The best GB/s torch.mm reached in the runs (a file's rows, a timestamp) the shapes come
+    from: a run of a few shapes (`--corpus models`) must not lower it to what its own shapes
+    reach."""
+    return max(float(r["gbps"]) for rows, stamp in runs for r in rows
+               if r["mode"] == "gemm" and r["provider"] == TORCH_MM and r["timestamp"] == stamp)
+
+
+def _dtype_shapes(files: list[tuple[str, list[dict], str]], preferred: bool) -> tuple[list[tuple], list]:
+    """A dtype's shapes from its files (name, rows, the default kernel's provider) and the
+    runs used, (name, rows, timestamp) each; `preferred`: a file only adds the shapes the
+    files before it lack, else every file adds all of its own."""
+    shapes, runs = [], []
+    for name, rows, kernel in files:
+        found = _latest_per_shape(rows, kernel)
+        if preferred:
+            have = {shape[:3] for shape in shapes}
+            found = [(shape, stamp) for shape, stamp in found if shape[:3] not in have]
+        shapes += [shape for shape, _ in found]
+        runs += [(name, rows, stamp) for stamp in sorted({stamp for _, stamp in found})]
+    return sorted(shapes), runs
 
 
 def _host_us(rows: list[dict]) -> float:
@@ -87,22 +109,17 @@ def _host_us(rows: list[dict]) -> float:
 
 def table() -> dict:
     """The measured.py data of the recorded H200 runs."""
-    runs, shapes = [], {}
+    runs, shapes = {}, {}
     for dtype, files in SOURCES.items():
-        shapes[dtype] = []
-        for name in files:
-            file_shapes, stamps = _latest_per_shape(_read(name))
-            runs += [f"{name} {stamp}" for stamp in stamps]
-            shapes[dtype] += file_shapes
-        shapes[dtype].sort()
-    bf16_rows = _read(SOURCES["bfloat16"][0])
-    first = _latest_gemm_run(bf16_rows)[0]
+        shapes[dtype], runs[dtype] = _dtype_shapes([(name, _read(name), kernel) for name, kernel in files],
+                                                   dtype in PREFERRED)
+    first = _latest_gemm_run(_read(MAIN_BF16))[0]
     return {
         "device": first["gpu"],
         "num_sms": int(first["num_sms"]),
         "versions": f"torch {first['torch']}, triton {first['triton']}",
-        "runs": tuple(runs),
-        "bandwidth_gbps": _best_bandwidth(bf16_rows, _latest_per_shape(bf16_rows)[1]),
+        "runs": tuple(f"{name} {stamp}" for dtype_runs in runs.values() for name, _, stamp in dtype_runs),
+        "bandwidth_gbps": _best_bandwidth([(rows, stamp) for _, rows, stamp in runs["bfloat16"]]),
         "host_us": _host_us(_read(HOST_SOURCE)),
         "shapes": shapes,
     }

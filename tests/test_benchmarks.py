@@ -283,9 +283,29 @@ def test_policy_bandwidth_is_the_best_of_the_runs_the_shapes_come_from():
             row("1-full", 2, "torch_mm", 900.0), row("1-full", 2, "ws", 800.0),
             row("2-small", 2, "torch_mm", 1300.0), row("2-small", 2, "ws", 1200.0),
             row("3-mm-only", 3, "torch_mm", 9000.0)]
-    stamps = policy_table._latest_per_shape(rows)[1]
+    stamps = sorted({stamp for _, stamp in policy_table._latest_per_shape(rows, "ws")})
     assert stamps == ["1-full", "2-small"]
-    assert policy_table._best_bandwidth(rows, stamps) == 4000.0
+    assert policy_table._best_bandwidth([(rows, stamp) for stamp in stamps]) == 4000.0
+
+
+def test_policy_takes_the_default_kernels_rows_first():
+    """bf16's shapes come from the run that timed the default (warp-specialized) kernel, under
+    its own provider name; the main file adds only the shapes that run lacks, and a run
+    none of its shapes come from is not listed."""
+    from benchmarks import policy_table
+
+    def row(stamp, m, provider, p50_ms):
+        return dict(timestamp=stamp, mode="gemm", provider=provider, m=m, n=64, k=64, p50_ms=p50_ms, gbps=1.0)
+
+    default = [row("2-ws", 1, "torch_mm", 1.0), row("2-ws", 1, "ws", 1.2), row("2-ws", 1, "ws_warp_specialized", 0.9)]
+    main_file = [row("1-full", 1, "torch_mm", 1.0), row("1-full", 1, "ws", 1.1),
+                 row("3-models", 2, "torch_mm", 2.0), row("3-models", 2, "ws", 2.2)]
+    files = [("ws.csv", default, "ws_warp_specialized"), ("main.csv", main_file, "ws")]
+    shapes, runs = policy_table._dtype_shapes(files, preferred=True)
+    assert shapes == [(1, 64, 64, 1000.0, 900.0), (2, 64, 64, 2000.0, 2200.0)]
+    assert [(name, stamp) for name, _, stamp in runs] == [("ws.csv", "2-ws"), ("main.csv", "3-models")]
+    both, _ = policy_table._dtype_shapes(files, preferred=False)  # fp32's two layouts: every row of each
+    assert len(both) == 3
 
 
 def test_models_count_every_kernel_the_package_launches():
