@@ -7,14 +7,16 @@ For each dtype file, every shape's median time under torch.mm and under the kern
 gemm) from the latest run that timed that shape under both: a run of one corpus group
 (`bench --corpus models`) adds and refreshes its shapes without dropping the others. The
 kernel is the default one: bf16's shapes come first from the run that timed the
-warp-specialized kernel (the default on sm_90 since 5cf05ac; `bench --warp-specialized`, the
-Triton kernel elsewhere) and from the main file only where that run lacks them. Also the run's best torch.mm bandwidth (what a pointwise
+warp-specialized kernel (the default on sm_90 since 5cf05ac; 0abe554's `bench
+--warp-specialized`, the Triton kernel elsewhere) and from the main file only where that
+run lacks them. Also the run's best torch.mm bandwidth (what a pointwise
 kernel the fusion removes would reach) and the eager op's host time per call (the latest
 `--overhead` run). tests/test_benchmarks.py checks that the module matches these files.
 """
 
 import argparse
 import csv
+import functools
 import pathlib
 import statistics
 
@@ -32,8 +34,7 @@ SOURCES = {
     "float32": (("h200_fp32.csv", WORK_STEALING), ("h200_fp32_kmajor.csv", WORK_STEALING)),
 }
 PREFERRED = {"bfloat16"}  # dtypes whose files are alternatives, the first one's shapes first
-MAIN_BF16 = "h200_bf16.csv"  # the full corpus runs: the device, versions, bandwidth and host time
-HOST_SOURCE = MAIN_BF16
+MAIN_BF16 = "h200_bf16.csv"  # the full corpus runs: the device, versions and host time
 EAGER_OP = "ws_op"  # the overhead run's provider: the op called from Python, one call
 
 HEADER = '''"""What routing policy "auto" predicts from: the corpus measured on each GPU (written by
@@ -47,6 +48,7 @@ kernel us): median times of back-to-back GEMMs."""
 '''
 
 
+@functools.cache  # a file read once per process (h200_bf16.csv serves three fields)
 def _read(name: str) -> list[dict]:
     with open(RESULTS / name, newline="") as f:
         return list(csv.DictReader(f))
@@ -120,7 +122,7 @@ def table() -> dict:
         "versions": f"torch {first['torch']}, triton {first['triton']}",
         "runs": tuple(f"{name} {stamp}" for dtype_runs in runs.values() for name, _, stamp in dtype_runs),
         "bandwidth_gbps": _best_bandwidth([(rows, stamp) for _, rows, stamp in runs["bfloat16"]]),
-        "host_us": _host_us(_read(HOST_SOURCE)),
+        "host_us": _host_us(_read(MAIN_BF16)),
         "shapes": shapes,
     }
 

@@ -50,14 +50,17 @@ def providers(device: torch.device, *, shards: list[int] | None, inductor: bool,
 
 def _triton_kernel(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
     """ws_matmul with the warp_specialize setting off for the call (plans are cached per setting)."""
-    def call():
-        before = tritonblas_ops.is_warp_specializing()
-        tritonblas_ops.warp_specialize(False)
-        try:
-            return ws_matmul(a, b)
-        finally:
-            tritonblas_ops.warp_specialize(before)
-    return call
+    return lambda: without_warp_specialization(lambda: ws_matmul(a, b))
+
+
+def without_warp_specialization(call: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """call() with the warp_specialize setting off, then the setting as it was."""
+    before = tritonblas_ops.is_warp_specializing()
+    tritonblas_ops.warp_specialize(False)
+    try:
+        return call()
+    finally:
+        tritonblas_ops.warp_specialize(before)
 
 
 CONFIG_PATTERN = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)k(\d+)(?:c(\d+))?(t?)")

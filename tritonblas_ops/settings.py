@@ -191,8 +191,8 @@ def fuse_epilogues(enabled: bool) -> None:
     tanh) or SiLU becomes one torch.ops.tritonblas.ws_mm_act call, the activation applied
     in the kernel's epilogue; a GLU's act(gate) * up, and a backward's GELU or SiLU backward
     of a GEMM's output, one ws_mm_gated call (fusion.py). Off by default: on the H200 a fused
-    op still costs about the GEMM and the removed pointwise kernel together (its extra
-    operand is read after the K loop)."""
+    op beats the GEMM and the pointwise kernel it removes, but a compiled model with its
+    GEMMs fused is not yet faster than default Inductor (benchmarks/RESULTS.md)."""
     update(fuse_epilogues=bool(enabled))
 
 

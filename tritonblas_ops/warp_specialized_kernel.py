@@ -32,8 +32,8 @@ transposed from shared memory. C is row-major, stored through C_BUFS (BLOCK_M, E
 buffers. A bias that is a whole (M, N) operand (a gate, a residual, a pre-activation)
 otherwise costs the epilogue a global load per subtile, in the accumulator's layout and
 after the K loop; read ahead, C's buffers hold the whole tile and receive it by TMA while
-the K loop runs (one stage fewer fits beside them on 128x256 tiles). Reads top to bottom: claims, the loader, the tile-id ring, the epilogue, the MMA
-partition, the kernel.
+the K loop runs (one stage fewer fits beside them on 128x256 tiles). Reads top to bottom:
+claims, the loader, the tile-id ring, the epilogue, the MMA partition, the kernel.
 """
 
 from triton.experimental import gluon
