@@ -68,6 +68,7 @@ import torch.nn.functional as F
 
 import tritonblas_ops
 from benchmarks import contention, measure, models, report, results
+from tritonblas_ops import settings
 from tritonblas_ops.grouped import grouped_mm
 
 try:
@@ -81,6 +82,9 @@ PROVIDERS = (WS, TORCH_GROUPED_MM, CUBLAS_LOOP)  # the default list
 # ws with pointer loads (no tensor descriptors): a weight gradient's programs otherwise build
 # two descriptors per tile (its group's K range), on each tile's critical path.
 WS_POINTER_LOADS = "ws_pointer_loads"
+# ws with the warp-specialized kernel's setting off: the weight gradients on the grouped
+# Triton kernel, which sm_90 launches otherwise leave for the warp-specialized one.
+WS_TRITON_KERNEL = "ws_triton_kernel"
 FORWARD, WGRAD = "forward", "wgrad"
 KINDS = (FORWARD, WGRAD)
 DISTRIBUTIONS = ("uniform", "zipf", "skewed")
@@ -271,10 +275,19 @@ def provider_calls(p: Problem, names: list[str]) -> dict[str, Callable[[], torch
     calls = {
         WS: lambda: torch.ops.tritonblas.ws_grouped_mm(p.a, p.b, p.offs),
         WS_POINTER_LOADS: lambda: grouped_mm(p.a, p.b, p.offs, use_tma=False),
+        WS_TRITON_KERNEL: lambda: _without_warp_specialization(lambda: grouped_mm(p.a, p.b, p.offs)),
         TORCH_GROUPED_MM: lambda: torch._grouped_mm(p.a, p.b, offs=p.offs),
         CUBLAS_LOOP: mm_loop(p),
     }
     return {name: calls[name] for name in names}
+
+
+def _without_warp_specialization(call: Callable[[], torch.Tensor]) -> torch.Tensor:
+    before = settings.update(warp_specialize=False)
+    try:
+        return call()
+    finally:
+        settings.restore(before)
 
 
 def mm_loop(p: Problem) -> Callable[[], torch.Tensor]:
@@ -450,7 +463,8 @@ MODE_TITLES = {
     "gemm": "Alone: one call, cold L2 (on the GPU from CUDA-graph replay)",
     "contention": "Back-to-back calls while another stream holds H SMs (median of the trials)",
 }
-SHORT = {WS: "ws", TORCH_GROUPED_MM: "tgmm", CUBLAS_LOOP: "loop", WS_POINTER_LOADS: "wsptr"}  # the table's column labels
+SHORT = {WS: "ws", TORCH_GROUPED_MM: "tgmm", CUBLAS_LOOP: "loop", WS_POINTER_LOADS: "wsptr",
+         WS_TRITON_KERNEL: "wstri"}  # the table's column labels
 COLUMN = 10
 
 
@@ -592,8 +606,9 @@ def _parse(argv):
     parser.add_argument("--cases", type=parse_cases, metavar="SHAPE_tTOKENS_DIST,...",
                         help="e.g. mixtral_t65536_zipf,dsv3_t16384_uniform (default: the list in CASES)")
     parser.add_argument("--kinds", type=models._csv_list(str, KINDS), default=list(KINDS))
-    parser.add_argument("--providers", type=models._csv_list(str, (*PROVIDERS, WS_POINTER_LOADS)),
-                        default=list(PROVIDERS), help=f"also {WS_POINTER_LOADS} (not in the default list)")
+    parser.add_argument("--providers", type=models._csv_list(str, (*PROVIDERS, WS_POINTER_LOADS, WS_TRITON_KERNEL)),
+                        default=list(PROVIDERS),
+                        help=f"also {WS_POINTER_LOADS}, {WS_TRITON_KERNEL} (not in the default list)")
     parser.add_argument("--held", type=models._csv_list(int), default=HELD, metavar="H,H,...",
                         help="SMs another stream holds, one contention run each (0: none); '' for "
                              "the gemm mode alone")

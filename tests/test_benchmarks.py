@@ -333,6 +333,21 @@ def test_grouped_pointer_loads_provider_on_request(tmp_path):
     assert grouped.WS_POINTER_LOADS not in grouped.PROVIDERS
 
 
+def test_grouped_triton_kernel_provider_on_request(tmp_path):
+    """ws_triton_kernel (the warp-specialized kernel's setting off, for its weight gradients'
+    side by side) passes the same gate and leaves the setting as it was."""
+    from benchmarks import grouped
+
+    out = tmp_path / "grouped.csv"
+    before = tritonblas_ops.is_warp_specializing()
+    grouped.main(["--smoke", "--cases", "tiny_t40_skewed", "--kinds", "wgrad",
+                  "--providers", "ws,ws_triton_kernel", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert sorted(r["provider"] for r in rows) == ["ws", "ws_triton_kernel"]
+    assert all(float(r["rel_err"]) < 1e-5 for r in rows)
+    assert tritonblas_ops.is_warp_specializing() == before
+
+
 def test_epilogues_benchmark_says_it_needs_a_gpu(monkeypatch):
     """benchmarks.epilogues times CUDA kernels only: without a GPU it stops with a message,
     before drawing any operand."""

@@ -135,12 +135,40 @@ def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major,
     if not live_budget:  # the launches without a budget compile without the tests' unit counts too
         constants["budget_ptr"] = None
         constants["unit_counts_ptr"] = None
+    constants.update(offs_ptr=None, GROUPS_BLOCK=1)  # a GEMM (grouped launches: below)
     for name in constants:
         signature[name] = "constexpr"
     values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
     compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
                               options=variant.launch_options)
     assert "setmaxnreg" in compiled.asm["ptx"]
+    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("tile", list(WARP_SPECIALIZED_TILES))
+def test_warp_specialized_kernel_compiles_for_groups_along_k(tile, dtype):
+    """The grouped weight gradient's launch (offs: groups along K; A = x^T column-major, B =
+    dOut row-major, C one batch per group): the loader's group ranges and K offsets, the MMA
+    warps' zeroing of a group's last partial K step."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = warp_specialized_matmul_kernel
+    variant = WARP_SPECIALIZED_TILES[tile]
+    bm, bn, bk = tile
+    constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SHARDS=1, COUNTER_STRIDE=64, CHECKED=True,
+                     A_ROW_MAJOR=False, B_ROW_MAJOR=True, ACTIVATION="none", GATE=False, GROUPS_BLOCK=128,
+                     bias_ptr=None, bias_desc=None, budget_ptr=None, unit_counts_ptr=None,
+                     **variant.kernel_constants())
+    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
+    signature.update(a_desc=nvmma_descriptor(dtype, (1, bk, bm)), b_desc=nvmma_descriptor(dtype, (1, bk, bn)),
+                     c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
+    for name in constants:
+        signature[name] = "constexpr"
+    values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+    compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
+                              options=variant.launch_options)
+    assert "setmaxnreg" in compiled.asm["ptx"] and ".or.b32" in compiled.asm["ptx"]  # the offs check
     assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
 
 

@@ -9,56 +9,17 @@ from torch._inductor.utils import run_and_get_code
 from torch.library import opcheck
 
 import tritonblas_ops
-from tritonblas_ops import grouped
-from tritonblas_ops.config import TileConfig
+from tritonblas_ops import device as devices
+from tritonblas_ops import grouped, settings
+from tritonblas_ops.config import HALF_CONFIGS, TileConfig
+from tritonblas_ops.plan import Kernel
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches
+
+from grouped_cases import group_sizes, offsets, operands, reference
 
 pytestmark = pytest.mark.usefixtures("poison_empty")
 
 SMALL = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=1)
-
-
-def group_sizes(total: int, groups: int, generator) -> list[int]:
-    """Uneven sizes summing to at most `total`: some empty, one holding most, a tail left."""
-    weights = torch.rand(groups, generator=generator) ** 3
-    weights[torch.randperm(groups, generator=generator)[: max(1, groups // 4)]] = 0  # empty groups
-    sizes = (weights / weights.sum() * total * 0.9).floor().long()
-    return sizes.tolist()
-
-
-def offsets(sizes) -> torch.Tensor:
-    return torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
-
-
-def reference(a, b, offs) -> torch.Tensor:
-    """torch._grouped_mm's result in float64, group by group, with zeros where no group is."""
-    ragged = grouped.ragged_dim(a, b)
-    a, b = a.double(), b.double()
-    if ragged is None:
-        return a @ b
-    ends = offs.tolist()
-    begins = [0, *ends[:-1]]
-    if ragged == "m":
-        out = a.new_zeros(a.shape[0], b.shape[2])
-        for g, (lo, hi) in enumerate(zip(begins, ends)):
-            out[lo:hi] = a[lo:hi] @ b[g]
-    elif ragged == "n":
-        out = a.new_zeros(a.shape[1], b.shape[1])
-        for g, (lo, hi) in enumerate(zip(begins, ends)):
-            out[:, lo:hi] = a[g] @ b[:, lo:hi]
-    else:
-        out = torch.stack([a[:, lo:hi] @ b[lo:hi] for lo, hi in zip(begins, ends)])
-    return out
-
-
-def operands(ragged: str, sizes, m: int, n: int, k: int, dtype, device="cpu", generator=None):
-    """(mat_a, mat_b, offs) with the groups of `sizes` along the ragged dimension, whose
-    extent is the sizes' sum plus a few rows no group holds."""
-    groups, extent = len(sizes), sum(sizes) + 5
-    shapes = {"m": ((extent, k), (groups, k, n)), "n": ((groups, m, k), (k, extent)),
-              "k": ((m, extent), (extent, n))}[ragged]
-    a, b = (torch.randn(*shape, generator=generator).to(dtype=dtype, device=device) for shape in shapes)
-    return a, b, offsets(sizes).to(device)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -110,6 +71,32 @@ def test_every_unit_once_whatever_the_grid_and_bitwise_equal(ragged, num_program
     assert torch.equal(out, alone)
 
 
+def test_groups_along_k_take_the_warp_specialized_kernel_on_hopper(monkeypatch):
+    """On sm_90 the weight gradient's grouped GEMM (groups along K, 16-bit, descriptors)
+    runs the warp-specialized kernel with offs; the forward, fp32, pointer loads and the
+    setting off stay on the grouped Triton kernel."""
+    monkeypatch.setattr(devices, "has_tma", lambda device: True)
+    monkeypatch.setattr(devices, "has_wgmma", lambda device: True)
+    wide = HALF_CONFIGS[0]
+
+    def kernel(ragged, dtype=torch.bfloat16, **knobs):
+        a, b, offs = operands(ragged, [100, 0, 300], 256, 512, 64, dtype)
+        a, b = (a.T.contiguous().T, b) if ragged == "k" else (a, b.mT.contiguous().mT)
+        c = torch.empty(grouped.out_shape(a, b, offs), dtype=dtype)
+        return grouped.plan_grouped(a, b, c, 3, config=wide, **knobs).kernel
+
+    assert kernel("k") is Kernel.WARP_SPECIALIZED
+    assert kernel("k", torch.float16) is Kernel.WARP_SPECIALIZED
+    assert kernel("m") is Kernel.TRITON
+    assert kernel("k", torch.float32) is Kernel.TRITON
+    assert kernel("k", use_tma=False) is Kernel.TRITON
+    before = settings.update(warp_specialize=False)
+    try:
+        assert kernel("k") is Kernel.TRITON
+    finally:
+        settings.restore(before)
+
+
 def test_repeated_calls_reuse_the_plan_until_what_it_depends_on_changes():
     a, b, offs = operands("m", [10, 0, 30], 0, 24, 32, torch.float32)
     grouped._plans.clear()
@@ -120,6 +107,12 @@ def test_repeated_calls_reuse_the_plan_until_what_it_depends_on_changes():
     with tritonblas_ops.sm_budget(1):
         assert torch.equal(torch.ops.tritonblas.ws_grouped_mm(a, b, offs), first)
     assert len(grouped._plans) == 2 and {p.grid for p in grouped._plans.values()} == {plan.grid, 1}
+    before = settings.update(warp_specialize=not settings.current().warp_specialize)
+    try:
+        torch.ops.tritonblas.ws_grouped_mm(a, b, offs)  # a plan of its own: the kernel may differ
+    finally:
+        settings.restore(before)
+    assert len(grouped._plans) == 3
 
 
 def test_batched_operands_are_a_bmm():

@@ -14,10 +14,12 @@ import torch
 import triton
 
 import tritonblas_ops
-from tritonblas_ops import counters, fastpath, launch, settings
+from tritonblas_ops import counters, fastpath, grouped, launch, settings
 from tritonblas_ops.config import HALF_CONFIGS
 from tritonblas_ops.plan import Kernel, Knobs
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, matmul_ref
+
+from grouped_cases import group_sizes, offsets, operands, reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -248,3 +250,47 @@ def test_cuda_graph_capture_and_replay_with_new_inputs():
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, run(a, b, bias, warp_specialized=False))
+
+
+@pytest.mark.parametrize("tile", [WIDE, SQUARE])
+@pytest.mark.parametrize("groups,m,n", [(8, 1024, 1408), (64, 512, 768), (128, 256, 2048)])
+def test_groups_along_k_bitwise_the_grouped_triton_kernels(tile, groups, m, n):
+    """The MoE weight gradient (groups along K: x^T column-major, dOut row-major) on the
+    warp-specialized kernel: each group's K steps from its begin, the last partial step's
+    rows past its end zeroed, so bitwise the grouped Triton kernel's result (whose per-tile
+    descriptors clip there); right against float64, empty groups' tiles zeros, each tile
+    claimed once, the same bits whatever the grid."""
+    generator = torch.Generator().manual_seed(groups)
+    sizes = group_sizes(8192, groups, generator)
+    sizes[0] = 0
+    sizes[-1] += 37  # no group a multiple of the K step by design
+    a, b, offs = operands("k", sizes, m, n, 0, torch.bfloat16, "cuda", generator)
+    a = a.T.contiguous().T
+    c = torch.empty(grouped.out_shape(a, b, offs), dtype=a.dtype, device="cuda")
+    plan = grouped.plan_grouped(a, b, c, groups, config=tile)
+    assert plan.kernel is Kernel.WARP_SPECIALIZED, plan
+    counts = torch.zeros(plan.queue.num_tiles, dtype=torch.int32, device="cuda")
+    out = grouped.grouped_mm(a, b, offs, unit_counts=counts, config=tile)
+    units = grouped.num_units(plan, offs.tolist())
+    assert (counts[:units] == 1).all() and (counts[units:] == 0).all()
+    assert_matches(out, reference(a, b, offs), REL_TOLERANCE[torch.bfloat16])
+    assert (out[0] == 0).all()  # the empty group
+    with warp_specializing(False):
+        assert torch.equal(out, grouped.grouped_mm(a, b, offs, config=tile))
+    assert torch.equal(out, grouped.grouped_mm(a, b, offs, config=tile, num_programs=7))
+
+
+def test_groups_along_k_in_a_cuda_graph_read_offs_when_replayed():
+    generator = torch.Generator().manual_seed(3)
+    a, b, offs = operands("k", group_sizes(4096, 16, generator), 512, 1024, 0, torch.bfloat16, "cuda", generator)
+    a = a.T.contiguous().T
+    tritonblas_ops.set_checked(False)
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = torch.ops.tritonblas.ws_grouped_mm(a, b, offs)
+        offs.copy_(offsets(group_sizes(4096, 16, generator)).cuda())
+        graph.replay()
+    finally:
+        tritonblas_ops.set_checked(True)
+    assert_matches(captured, reference(a, b, offs), REL_TOLERANCE[torch.bfloat16])

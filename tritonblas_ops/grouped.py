@@ -24,13 +24,16 @@ import torch
 import triton
 from torch import Tensor
 
-from tritonblas_ops import budget, interpreter, launch
+from tritonblas_ops import budget, interpreter, launch, settings
 from tritonblas_ops import device as devices
 from tritonblas_ops.device import COUNTER_STRIDE
-from tritonblas_ops.config import TileConfig, select_config
+from tritonblas_ops.config import WARP_SPECIALIZED_TILES, TileConfig, select_config
 from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES, _check, _check_tensor, _register_autograd
-from tritonblas_ops.plan import Operand, _describable, _max_offset, descriptor_layout, shard_setting, tf32_enabled
+from tritonblas_ops.plan import (
+    Kernel, Operand, _describable, _max_offset, descriptor_layout, shard_setting, tf32_enabled,
+)
+from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
 from tritonblas_ops.scheduler import WorkQueue
 from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
 
@@ -122,6 +125,11 @@ class GroupedPlan:
     strides: tuple  # A's, B's, C's (batch, row, column); 0 batch stride for a 2-D one
     groups_block: int
     checked: bool
+    # Kernel.WARP_SPECIALIZED: groups along K (the weight gradient) on sm_90, the dense
+    # warp-specialized kernel with offs: its loader reads each group's K range from the
+    # operands' own descriptors (no descriptor per tile), and the next tile's loads run
+    # during the epilogue, which is most of a short group's tile.
+    kernel: Kernel = Kernel.TRITON
 
 
 def _layout(t: Tensor) -> Operand:
@@ -171,14 +179,22 @@ def plan_grouped(a: Tensor, b: Tensor, c: Tensor, num_groups: int, *, config: Ti
     elif use_tma and not describable:
         raise ValueError(f"{OP}: use_tma=True needs 16-byte aligned operands with a unit stride, "
                          f"and the ragged dimension not the unit stride of either")
+    int64_index = max(_max_offset(t.shape, t.stride) for t in (la, lb, lc)) >= 2**31 - 1
+    kernel = Kernel.TRITON
+    if (ragged == "k" and use_tma and settings.current().warp_specialize and not int64_index
+            and a.dtype in (torch.bfloat16, torch.float16) and devices.has_wgmma(device)
+            and (config.block_m, config.block_n, config.block_k) in WARP_SPECIALIZED_TILES
+            and lc.stride[2] == 1 and _describable(lc)):
+        kernel = Kernel.WARP_SPECIALIZED
     return GroupedPlan(
         ragged=ragged, config=config, queue=WorkQueue(shards, max_units, 1, 1, True), grid=max(grid, 1),
         use_tma=use_tma, a_row_major=la.stride[2] == 1, b_row_major=lb.stride[2] == 1,
-        int64_index=max(_max_offset(t.shape, t.stride) for t in (la, lb, lc)) >= 2**31 - 1,
+        int64_index=int64_index,
         input_precision="tf32" if a.dtype == torch.float32 and a.is_cuda and tf32_enabled() else "ieee",
         sizes=(m, n, k, num_groups), strides=(la.stride, lb.stride, lc.stride),
         groups_block=triton.next_power_of_2(num_groups + 1),
         checked=launch.checking(a),
+        kernel=kernel,
     )
 
 
@@ -210,10 +226,10 @@ def _cached_plan(a: Tensor, b: Tensor, c: Tensor, num_groups: int) -> GroupedPla
     """plan_grouped's plan, looked up by everything it depends on besides the data (~30 us
     of host time a call saved): shapes, strides, dtype, device, the operands' 16-byte
     alignment, the group count, TF32, the shard setting, whether the launch is checked, and
-    the SM budgets."""
+    the SM budgets, the warp-specialized kernel's setting."""
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(), a.data_ptr() % 16,
            b.data_ptr() % 16, num_groups, a.dtype == torch.float32 and tf32_enabled(), shard_setting(),
-           launch.checking(a), budget.key(a.get_device()))
+           launch.checking(a), budget.key(a.get_device()), settings.current().warp_specialize)
     plan = _plans.get(key)
     if plan is None:
         plan = plan_grouped(a, b, c, num_groups)
@@ -255,6 +271,9 @@ def _launch_kernel(plan: GroupedPlan, a, b, c, offs, counters, unit_counts) -> N
     m, n, k, groups = plan.sizes
     (sab, sam, sak), (sbb, sbk, sbn), (scb, scm, scn) = plan.strides
     config = plan.config
+    if plan.kernel is Kernel.WARP_SPECIALIZED:
+        _launch_warp_specialized(plan, a, b, c, offs, counters, unit_counts)
+        return
     a_desc = b_desc = None
     if plan.use_tma and plan.ragged == "k":
         launch.ensure_scratch_allocator()  # for the programs' descriptors
@@ -274,6 +293,29 @@ def _launch_kernel(plan: GroupedPlan, a, b, c, offs, counters, unit_counts) -> N
         USE_TMA=plan.use_tma, A_ROW_MAJOR=plan.a_row_major, B_ROW_MAJOR=plan.b_row_major,
         RAGGED=plan.ragged, GROUPS_BLOCK=plan.groups_block,
         num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+def _launch_warp_specialized(plan: GroupedPlan, a, b, c, offs, counters, unit_counts) -> None:
+    """Groups along K on the warp-specialized kernel: A (M, K) and B (K, N) described whole
+    (a tile's K range is its group's: the kernel starts its boxes at the group's begin and
+    zeros what the last one reads past its end), C (groups, M, N) one batch per group."""
+    m, n, k, groups = plan.sizes
+    (_, sam, sak), (_, sbk, sbn), (scb, scm, scn) = plan.strides
+    config = plan.config
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    variant = WARP_SPECIALIZED_TILES[(bm, bn, bk)]
+    a_desc = launch.gluon_descriptor(a, descriptor_layout((1, m, k), (0, sam, sak), bm, bk))
+    b_desc = launch.gluon_descriptor(b, descriptor_layout((1, k, n), (0, sbk, sbn), bk, bn))
+    c_desc = launch.gluon_descriptor(c, descriptor_layout((groups, m, n), (scb, scm, scn), bm, variant.epilogue_n))
+    warp_specialized_matmul_kernel[(plan.grid,)](
+        a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, bias_desc=None, bias_ptr=None, counters_ptr=counters,
+        budget_ptr=budget.live_budget_word(a.device), unit_counts_ptr=unit_counts, offs_ptr=offs,
+        M=m, N=n, K=k, num_batches=groups, stride_bias_m=0, stride_bias_n=0, alpha=1.0, beta=0.0,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m, NUM_SHARDS=plan.queue.num_shards,
+        COUNTER_STRIDE=COUNTER_STRIDE, CHECKED=plan.checked, A_ROW_MAJOR=plan.a_row_major,
+        B_ROW_MAJOR=plan.b_row_major, ACTIVATION="none", GATE=False, **variant.kernel_constants(),
+        GROUPS_BLOCK=plan.groups_block, **variant.launch_options,
     )
 
 

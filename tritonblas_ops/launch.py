@@ -289,12 +289,16 @@ def host_descriptor(base: torch.Tensor, layout: DescriptorLayout) -> TensorDescr
     return TensorDescriptor(base, list(layout.shape), list(layout.strides), list(layout.box))
 
 
+def gluon_descriptor(base: torch.Tensor, layout: DescriptorLayout) -> GluonTensorDescriptor:
+    """A host descriptor for the warp-specialized kernel: the layout, with the NVMMA shared
+    layout its box lands in (Gluon names it on the host)."""
+    return GluonTensorDescriptor(base, list(layout.shape), list(layout.strides), list(layout.box),
+                                 _shared_layout(layout.box, base.dtype))
+
+
 def _gluon_descriptors(plan: LaunchPlan, a, b, c, bias) -> tuple:
-    """A's, B's, C's and the prefetched bias's (else None) tensor descriptors for the
-    warp-specialized kernel: the plan's layouts, each with the NVMMA shared layout its box
-    lands in (Gluon names it on the host)."""
-    return tuple(GluonTensorDescriptor(t, list(layout.shape), list(layout.strides), list(layout.box),
-                                       _shared_layout(layout.box, t.dtype)) if layout is not None else None
+    """A's, B's, C's and the prefetched bias's (else None) descriptors, as the plan lays them out."""
+    return tuple(gluon_descriptor(t, layout) if layout is not None else None
                  for t, layout in zip((a, b, c, bias), (*plan.descriptor_layouts(), plan.bias_descriptor_layout())))
 
 

@@ -209,13 +209,14 @@ class LaunchPlan:
         a_desc, b_desc, c_desc, bias_desc = descriptors
         return dict(
             a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, bias_desc=bias_desc, bias_ptr=bias, counters_ptr=counters,
-            budget_ptr=self.live_budget, unit_counts_ptr=unit_counts, M=m, N=n, K=k, num_batches=batches,
+            budget_ptr=self.live_budget, unit_counts_ptr=unit_counts, offs_ptr=None, M=m, N=n, K=k,
+            num_batches=batches,
             stride_bias_m=self.strides[3][0], stride_bias_n=self.strides[3][1], alpha=alpha, beta=beta,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
             NUM_SHARDS=self.queue.num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
             CHECKED=self.checked, A_ROW_MAJOR=self.a_row_major, B_ROW_MAJOR=self.b_row_major,
             **_epilogue_constants(self.activation),
-            **self.warp_specialized_variant.kernel_constants(),
+            **self.warp_specialized_variant.kernel_constants(), GROUPS_BLOCK=1,
         )
 
     @property

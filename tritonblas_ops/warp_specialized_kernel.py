@@ -32,8 +32,15 @@ transposed from shared memory. C is row-major, stored through C_BUFS (BLOCK_M, E
 buffers. A bias that is a whole (M, N) operand (a gate, a residual, a pre-activation)
 otherwise costs the epilogue a global load per subtile, in the accumulator's layout and
 after the K loop; read ahead, C's buffers hold the whole tile and receive it by TMA while
-the K loop runs (one stage fewer fits beside them on 128x256 tiles). Reads top to bottom:
-claims, the loader, the tile-id ring, the epilogue, the MMA partition, the kernel.
+the K loop runs (one stage fewer fits beside them on 128x256 tiles).
+
+With offs (grouped GEMMs along K, grouped.py: the MoE weight gradient) batch g is group g,
+whose K range offs gives: the loader starts the tile's boxes at the group's begin in A's and
+B's descriptors and publishes its K length with its id, and the MMA warps zero what the
+group's last partial box reads past its end.
+
+Reads top to bottom: claims, the groups, the loader, the tile-id ring, the epilogue, the
+MMA partition, the kernel.
 """
 
 from triton.experimental import gluon
@@ -59,20 +66,25 @@ _partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
+# scheduler.STATUS_BAD_OFFSETS (grouped_kernel.py's), for a malformed offs along K.
+_BAD_OFFSETS: gl.constexpr = gl.constexpr(4)
+
 # ---------------------------------------------------------------------------------------
 # The tile-id ring: the loader publishes each claimed tile, the MMA warps take it
 # ---------------------------------------------------------------------------------------
 
 
 @gluon.jit
-def _publish_tile(tile, count, tile_ids, tile_ready, tile_empty, TILE_SLOTS: gl.constexpr):
-    """Loader side: wait for the slot to be free, write the id, signal."""
+def _publish_tile(tile, k_len, count, tile_ids, tile_ready, tile_empty, TILE_SLOTS: gl.constexpr):
+    """Loader side: wait for the slot to be free, write the id and the tile's K length (a
+    group's, along a ragged K), signal."""
     slot = count % TILE_SLOTS
     # Fresh mbarriers count as having completed the phase before phase 0: waiting on
     # phase ^ 1 lets the first TILE_SLOTS publications through.
     mbarrier.wait(tile_empty.index(slot), ((count // TILE_SLOTS) & 1) ^ 1)
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    tile_ids.index(slot).store(gl.full([1], tile, gl.int32, layout))
+    pair = gl.arange(0, 2, layout=layout)
+    tile_ids.index(slot).store(gl.where(pair == 0, tile, k_len))
     # The arrive releases the store above to whoever waits on tile_ready.
     mbarrier.arrive(tile_ready.index(slot))
     return count + 1
@@ -80,16 +92,64 @@ def _publish_tile(tile, count, tile_ids, tile_ready, tile_empty, TILE_SLOTS: gl.
 
 @gluon.jit
 def _next_tile(count, tile_ids, tile_ready, tile_empty, TILE_SLOTS: gl.constexpr):
-    """MMA side: the next tile id (-1: done), its slot handed back."""
+    """MMA side: the next tile id (-1: done) and its K length, its slot handed back."""
     slot = count % TILE_SLOTS
     mbarrier.wait(tile_ready.index(slot), (count // TILE_SLOTS) & 1)
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    tile = gl.max(tile_ids.index(slot).load(layout), axis=0)
+    pair = tile_ids.index(slot).load(layout)
+    first = gl.arange(0, 2, layout=layout) == 0
+    tile = gl.sum(gl.where(first, pair, 0), axis=0)
+    k_len = gl.sum(gl.where(first, 0, pair), axis=0)
     # Every warp has read the slot before the loader may overwrite it (the arrive is one
     # thread's).
     _partition_barrier()
     mbarrier.arrive(tile_empty.index(slot))
-    return tile, count + 1
+    return tile, k_len, count + 1
+
+
+# ---------------------------------------------------------------------------------------
+# Groups along K (grouped GEMMs' weight gradients)
+# ---------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _max2(x, y):
+    return gl.maximum(x, y)
+
+
+@gluon.jit
+def _group_k_ranges(offs_ptr, num_groups, K, status_ptr, pid, GROUPS_BLOCK: gl.constexpr):
+    """Each group's [begin, end) along K from offs (their ends), as vectors over
+    GROUPS_BLOCK > num_groups slots, clamped and made non-decreasing as the grouped Triton
+    kernel's (grouped_kernel._groups) are; a malformed offs sets the status bit."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    idx = gl.arange(0, GROUPS_BLOCK, layout=layout)
+    ends = gl.load(offs_ptr + idx, mask=idx < num_groups, other=K)
+    begins = gl.load(offs_ptr + idx - 1, mask=(idx >= 1) & (idx <= num_groups), other=0)
+    begins = gl.where(idx > num_groups, K, begins)
+    bad = (idx < num_groups) & ((ends < begins) | (ends < 0) | (ends > K))
+    if (gl.max(bad.to(gl.int32), axis=0) > 0) & (pid == 0):
+        gl.atomic_or(status_ptr, _BAD_OFFSETS, sem="relaxed")
+    ends = gl.associative_scan(gl.minimum(gl.maximum(ends, 0), K), 0, _max2)
+    begins = gl.associative_scan(gl.minimum(gl.maximum(begins, 0), K), 0, _max2)
+    return idx, begins, ends
+
+
+@gluon.jit
+def _zero_k_past(stage, valid, K_AXIS: gl.constexpr):
+    """Zeros the entries of a landed (1, rows, cols) stage whose K index, along K_AXIS (1:
+    rows, 2: columns), is `valid` or more: the next group's, which a box along a ragged K
+    reads past its group's end."""
+    ROWS: gl.constexpr = stage.shape[1]
+    COLS: gl.constexpr = stage.shape[2]
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    view = stage.reshape([ROWS, COLS])
+    values = view.load(layout)
+    if K_AXIS == 1:
+        k = gl.expand_dims(gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), 1)
+    else:
+        k = gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0)
+    view.store(gl.where(k < valid, values, gl.zeros_like(values)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -99,18 +159,17 @@ def _next_tile(count, tile_ids, tile_ready, tile_empty, TILE_SLOTS: gl.constexpr
 
 @gluon.jit
 def _load_partition(a_desc, b_desc, bias_desc, a_bufs, b_bufs, c_bufs, ready, empty, tile_ids, tile_ready,
-                    tile_empty, bias_ready, bias_free, counters_ptr, budget_ptr, unit_counts_ptr, M, N, K,
-                    num_batches,
+                    tile_empty, bias_ready, bias_free, counters_ptr, budget_ptr, unit_counts_ptr, offs_ptr,
+                    M, N, K, num_batches,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                     GROUP_M: gl.constexpr, NUM_SHARDS: gl.constexpr, COUNTER_STRIDE: gl.constexpr,
                     CHECKED: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr,
-                    TILE_SLOTS: gl.constexpr, CLAIM_LEAD: gl.constexpr):
+                    TILE_SLOTS: gl.constexpr, CLAIM_LEAD: gl.constexpr, GROUPS_BLOCK: gl.constexpr):
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     STAGE_BYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     tiles_m = gl.cdiv(M, BLOCK_M)
     tiles_n = gl.cdiv(N, BLOCK_N)
     num_tiles = tiles_m * tiles_n * num_batches
-    k_steps = gl.cdiv(K, BLOCK_K)
     pid = gl.program_id(0)
     num_programs = gl.num_programs(0)
     home_shard = pid % NUM_SHARDS
@@ -118,6 +177,9 @@ def _load_partition(a_desc, b_desc, bias_desc, a_bufs, b_bufs, c_bufs, ready, em
     # line (tiles done, status bits).
     tally_ptr = counters_ptr + NUM_SHARDS * COUNTER_STRIDE
     status_ptr = tally_ptr + 1
+    if offs_ptr is not None:  # ragged K: batch g is group g, the K range offs gives it
+        group_idx, group_begins, group_ends = _group_k_ranges(offs_ptr, num_batches, K, status_ptr, pid,
+                                                              GROUPS_BLOCK)
 
     # (dry_shards a tensor from the start: a loop-carried value may not change type)
     tile, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, gl.to_tensor(0), num_tiles,
@@ -129,16 +191,29 @@ def _load_partition(a_desc, b_desc, bias_desc, a_bufs, b_bufs, c_bufs, ready, em
     while tile >= 0:
         if unit_counts_ptr is not None:
             gl.atomic_add(unit_counts_ptr + tile, 1, sem="relaxed")
-        tile_count = _publish_tile(tile, tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
         batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         m0 = tile_m * BLOCK_M
         n0 = tile_n * BLOCK_N
+        k_first = 0
+        k_len = K
+        operand_batch = batch
+        if offs_ptr is not None:  # 2-D A and B, the group a K range of theirs
+            k_first = gl.sum(gl.where(group_idx == batch, group_begins, 0), axis=0)
+            k_len = gl.sum(gl.where(group_idx == batch, group_ends, 0), axis=0) - k_first
+            operand_batch = 0
+        tile_count = _publish_tile(tile, k_len, tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
+        k_steps = gl.cdiv(k_len, BLOCK_K)
         # The next tile is claimed CLAIM_LEAD K steps before this tile's last load, before
         # that step's wait for a free stage: the atomic's round trip overlaps the waits, and
         # the claim stays late enough to leave the other programs their share at the end.
         # A program leaving under a live budget loads the tile it holds, then goes.
         claim_step = gl.maximum(k_steps - 1 - CLAIM_LEAD, 0)
         next_tile = tile
+        if offs_ptr is not None:
+            if k_steps == 0:  # an empty group: its tile is zeros, and the next claim is now
+                next_tile, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_tiles,
+                                                    num_programs, _leaving(budget_ptr, pid), budget_ptr,
+                                                    NUM_SHARDS, COUNTER_STRIDE)
         for ks in range(k_steps):
             if ks == claim_step:
                 next_tile, dry_shards = _claim_unit(counters_ptr, status_ptr, home_shard, dry_shards, num_tiles,
@@ -148,15 +223,15 @@ def _load_partition(a_desc, b_desc, bias_desc, a_bufs, b_bufs, c_bufs, ready, em
             mbarrier.wait(empty.index(s), ((load_count // STAGES) & 1) ^ 1)  # the MMA warps are done with s
             bar = ready.index(s)
             mbarrier.expect(bar, STAGE_BYTES)  # TMA counts the whole box, clipped or not
-            k0 = ks * BLOCK_K
+            k0 = k_first + ks * BLOCK_K
             if A_ROW_MAJOR:
-                _tma_load(a_desc, [batch, m0, k0], bar, a_bufs.index(s))
+                _tma_load(a_desc, [operand_batch, m0, k0], bar, a_bufs.index(s))
             else:
-                _tma_load(a_desc, [batch, k0, m0], bar, a_bufs.index(s))
+                _tma_load(a_desc, [operand_batch, k0, m0], bar, a_bufs.index(s))
             if B_ROW_MAJOR:
-                _tma_load(b_desc, [batch, k0, n0], bar, b_bufs.index(s))
+                _tma_load(b_desc, [operand_batch, k0, n0], bar, b_bufs.index(s))
             else:
-                _tma_load(b_desc, [batch, n0, k0], bar, b_bufs.index(s))
+                _tma_load(b_desc, [operand_batch, n0, k0], bar, b_bufs.index(s))
             load_count += 1
         if bias_desc is not None:
             # The tile's epilogue operand into C's buffers, one box per subtile, once the
@@ -170,7 +245,7 @@ def _load_partition(a_desc, b_desc, bias_desc, a_bufs, b_bufs, c_bufs, ready, em
                 _tma_load(bias_desc, [0, m0, n0 + j * EPI_N], bias_ready, c_bufs.index(j))
         tiles_done += 1
         tile = next_tile
-    _publish_tile(-1, tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
+    _publish_tile(-1, 0, tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
     if CHECKED:
         # Every tile published is computed: the MMA warps take every id before the -1.
         gl.atomic_add(tally_ptr, tiles_done, sem="relaxed")
@@ -236,7 +311,8 @@ def _store_c(acc, c_desc, c_bufs, bias_desc, bias_ptr, batch, m0, n0, M, N, stri
 
 @gluon.jit
 def _mma_partition(a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile_ids, tile_ready, tile_empty,
-                   bias_ready, bias_free, bias_ptr, M, N, K, stride_bias_m, stride_bias_n, alpha, beta,
+                   bias_ready, bias_free, bias_ptr, offs_ptr, M, N, K, stride_bias_m, stride_bias_n,
+                   alpha, beta,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                    GROUP_M: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr,
                    ACTIVATION: gl.constexpr, GATE: gl.constexpr, TILE_SLOTS: gl.constexpr,
@@ -255,21 +331,28 @@ def _mma_partition(a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile
                                                          instr_shape=[16, BLOCK_N, 16])
     tiles_m = gl.cdiv(M, BLOCK_M)
     tiles_n = gl.cdiv(N, BLOCK_N)
-    k_steps = gl.cdiv(K, BLOCK_K)
     # The K step of each tile after the first at which the previous tile's stores are
     # waited for and C's buffers handed to the loader's prefetch: late enough for the
     # stores to have drained, early enough for the prefetch to land before the epilogue.
-    free_step = gl.minimum(2, k_steps - 1)
+    free_step = gl.minimum(2, gl.cdiv(K, BLOCK_K) - 1)
 
-    tile, tile_count = _next_tile(0, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
+    tile, k_len, tile_count = _next_tile(0, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
     mma_count = 0  # K steps consumed so far, over all tiles (the loader's load_count)
     tiles_done = 0
     while tile >= 0:
         batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        k_steps = gl.cdiv(k_len, BLOCK_K)
         for ks in range(k_steps):
             s = mma_count % STAGES
             mbarrier.wait(ready.index(s), (mma_count // STAGES) & 1)
+            if offs_ptr is not None:
+                k_valid = k_len - ks * BLOCK_K
+                if k_valid < BLOCK_K:  # the group's last, partial step: the next group's K past it
+                    _zero_k_past(a_bufs.index(s), k_valid, 2 if A_ROW_MAJOR else 1)
+                    _zero_k_past(b_bufs.index(s), k_valid, 1 if B_ROW_MAJOR else 2)
+                    fence_async_shared()  # the generic proxy's zeros, visible to wgmma
+                    _partition_barrier()
             # The stages hold one batch's box: seen as 2-D, transposed back where the
             # descriptor describes the operand as its transpose.
             if A_ROW_MAJOR:
@@ -295,7 +378,7 @@ def _mma_partition(a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile
             mma_count += 1
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         _partition_barrier()
-        mbarrier.arrive(empty.index((mma_count + STAGES - 1) % STAGES))
+        mbarrier.arrive(empty.index((mma_count + STAGES - 1) % STAGES), pred=k_steps > 0)
         # The epilogue, while the loader fills the stages with the next tile's first steps.
         if bias_desc is not None:
             mbarrier.wait(bias_ready, tiles_done & 1)
@@ -303,7 +386,7 @@ def _mma_partition(a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile
                  stride_bias_m, stride_bias_n, alpha, beta, ACTIVATION, GATE, 0)
         tiles_done += 1
         # The next tile id last: the loader has had the whole epilogue to claim it.
-        tile, tile_count = _next_tile(tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
+        tile, k_len, tile_count = _next_tile(tile_count, tile_ids, tile_ready, tile_empty, TILE_SLOTS)
     tma.store_wait(0)
 
 
@@ -321,8 +404,9 @@ def warp_specialized_matmul_kernel(
     bias_ptr,  # (M, N) view (broadcast strides may be 0), or None
     counters_ptr,  # int32, WorkQueue.numel of them: zero at launch and left at zero
     budget_ptr,  # int32 (1,): a live budget (programs at or above it leave between tiles), or None
-    unit_counts_ptr,  # int32 (tiles,) zeroed, or None: +1 per tile claimed (tests; the stores are checked by value)
-    M, N, K, num_batches,
+    unit_counts_ptr,  # int32 (tiles,) zeroed, or None: +1 per tile claimed (tests; stores checked by value)
+    offs_ptr,  # int32 (num_batches,): the groups' ends along a ragged K (2-D A and B), or None
+    M, N, K, num_batches,  # a grouped launch: K the groups' summed, num_batches the groups
     stride_bias_m, stride_bias_n,
     alpha, beta,  # fp32
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
@@ -336,13 +420,14 @@ def warp_specialized_matmul_kernel(
     TILE_SLOTS: gl.constexpr,  # tile ids the loader may publish ahead of the MMA warps
     CLAIM_LEAD: gl.constexpr,  # K steps before a tile's last load that the next claim goes out
     LOADER_REGS: gl.constexpr,  # registers per thread of the loader warp
+    GROUPS_BLOCK: gl.constexpr,  # a power of two above the group count (ragged K)
 ):
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    tile_ids = gl.allocate_shared_memory(gl.int32, [TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    tile_ids = gl.allocate_shared_memory(gl.int32, [TILE_SLOTS, 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # id, K
     tile_ready = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
     tile_empty = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [C_BUFS] + c_desc.block_type.shape, c_desc.layout)
@@ -362,13 +447,13 @@ def warp_specialized_matmul_kernel(
     # would turn its constexprs into tensors.
     gl.warp_specialize([
         (_mma_partition, (a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile_ids, tile_ready,
-                          tile_empty, bias_ready, bias_free, bias_ptr, M, N, K, stride_bias_m, stride_bias_n,
-                          alpha, beta,
+                          tile_empty, bias_ready, bias_free, bias_ptr, offs_ptr, M, N, K, stride_bias_m,
+                          stride_bias_n, alpha, beta,
                           BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, A_ROW_MAJOR, B_ROW_MAJOR, ACTIVATION, GATE,
                           TILE_SLOTS, C_BUFS)),
         (_load_partition, (a_desc, b_desc, bias_desc, a_bufs, b_bufs, c_bufs, ready, empty, tile_ids,
                            tile_ready, tile_empty, bias_ready, bias_free, counters_ptr, budget_ptr,
-                           unit_counts_ptr, M, N, K, num_batches,
+                           unit_counts_ptr, offs_ptr, M, N, K, num_batches,
                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SHARDS, COUNTER_STRIDE, CHECKED,
-                           A_ROW_MAJOR, B_ROW_MAJOR, TILE_SLOTS, CLAIM_LEAD)),
+                           A_ROW_MAJOR, B_ROW_MAJOR, TILE_SLOTS, CLAIM_LEAD, GROUPS_BLOCK)),
     ], [1], [LOADER_REGS])
