@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [integration] [deploy] [sweep] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_moe]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_moe]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
-# integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min, deploy ~4 min
-# (AOTInductor compiles), bench ~2 min (68 shapes; 51 took ~1.5 min; merge its rows into benchmarks/results/
+# integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min (since the
+# warp-specialized kernel, 2026-12-05 on a fresh H100: tests ~6 min, ws_tests, its tests and the grouped GEMM's,
+# ~3, integration without them ~5; give tests a call of its own; each test stage's limit: TESTS_TIMEOUT, 560 s),
+# deploy ~4 min (AOTInductor compiles), bench ~2 min (68 shapes; 51 took ~1.5 min; merge its rows into benchmarks/results/
 # and run `python -m benchmarks.policy_table` to refresh policy "auto"'s measurements), contention ~1 min, sweep (tile configs for select_config) ~5 min before its `models` line was added (not yet timed with it), the rest
 # under a minute each (handoff, the live budget's wait with an idle floor: ~1 min); one device call may run 10 minutes. models_small and models_8b (benchmarks/models.py,
 # not in the default list) compile every variant per model, step and graph mode: ~15 s each (one llama_8b run),
@@ -29,7 +31,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
-stages=${*:-tests integration deploy bench contention overhead handoff overlap dtypes grouped}
+stages=${*:-tests ws_tests integration deploy bench contention overhead handoff overlap dtypes grouped}
 has() { [[ " $stages " == *" $1 "* ]]; }
 
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -39,11 +41,14 @@ has() { [[ " $stages " == *" $1 "* ]]; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1
 
 kernel_tests="tests/test_gpu.py"
+ws_tests="tests/test_warp_specialized.py tests/test_grouped.py"
 deploy_tests="tests/test_export.py tests/test_csrc_stubs.py"
-has tests && timeout ${TESTS_TIMEOUT:-420} python3 -m pytest $kernel_tests -m gpu -q -p no:cacheprovider -rfEs \
+has tests && timeout ${TESTS_TIMEOUT:-560} python3 -m pytest $kernel_tests -m gpu -q -p no:cacheprovider -rfEs \
   2>&1 | grep -v "^DEBUG" | tee "$OUT/gpu_tests.log" | tail -15
-has integration && timeout ${TESTS_TIMEOUT:-420} python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfEs \
-  $(for t in $kernel_tests $deploy_tests; do echo --ignore=$t; done) 2>&1 | grep -v "^DEBUG" \
+has ws_tests && timeout ${TESTS_TIMEOUT:-560} python3 -m pytest $ws_tests -m gpu -q -p no:cacheprovider -rfEs \
+  2>&1 | grep -v "^DEBUG" | tee "$OUT/ws_tests.log" | tail -15
+has integration && timeout ${TESTS_TIMEOUT:-560} python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfEs \
+  $(for t in $kernel_tests $ws_tests $deploy_tests; do echo --ignore=$t; done) 2>&1 | grep -v "^DEBUG" \
   | tee "$OUT/integration_tests.log" | tail -15
 has deploy && timeout ${DEPLOY_TIMEOUT:-300} python3 -m pytest $deploy_tests -m gpu -q -p no:cacheprovider -rfEs \
   2>&1 | grep -v "^DEBUG" | tee "$OUT/deploy_tests.log" | tail -15
