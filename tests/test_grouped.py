@@ -11,7 +11,7 @@ from torch.library import opcheck
 import tritonblas_ops
 from tritonblas_ops import device as devices
 from tritonblas_ops import grouped, settings
-from tritonblas_ops.config import HALF_CONFIGS, TileConfig
+from tritonblas_ops.config import HALF_CONFIGS, WARP_SPECIALIZED_TILES, TileConfig
 from tritonblas_ops.plan import Kernel
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches
 
@@ -95,6 +95,37 @@ def test_groups_along_k_take_the_warp_specialized_kernel_on_hopper(monkeypatch):
         assert kernel("k") is Kernel.TRITON
     finally:
         settings.restore(before)
+
+
+def test_the_warp_specialized_grouped_launch_passes_the_kernels_arguments(monkeypatch):
+    """The weight gradient's launch on the warp-specialized kernel: every argument of the
+    kernel by name, in its order, with offs, the groups as C's batches, no bias."""
+    monkeypatch.setattr(devices, "has_tma", lambda device: True)
+    monkeypatch.setattr(devices, "has_wgmma", lambda device: True)
+    a, b, offs = operands("k", [100, 0, 300], 256, 512, 64, torch.bfloat16)
+    a = a.T.contiguous().T
+    c = torch.empty(grouped.out_shape(a, b, offs), dtype=torch.bfloat16)
+    plan = grouped.plan_grouped(a, b, c, 3, config=HALF_CONFIGS[0])
+    assert plan.kernel is Kernel.WARP_SPECIALIZED and c.shape[0] == 3
+    launched = {}
+
+    class Recorder:
+        arg_names = grouped.warp_specialized_matmul_kernel.arg_names
+
+        def __getitem__(self, grid):
+            return lambda **kwargs: launched.update(grid=grid, **kwargs)
+
+    monkeypatch.setattr(grouped, "warp_specialized_matmul_kernel", Recorder())
+    monkeypatch.setattr(grouped.launch, "gluon_descriptor", lambda tensor, layout: (tensor, layout))
+    counters = torch.zeros(64, dtype=torch.int32)
+    grouped._launch_kernel(plan, a, b, c, offs, counters, None)
+    config = HALF_CONFIGS[0]
+    variant = WARP_SPECIALIZED_TILES[(config.block_m, config.block_n, config.block_k)]
+    names = [name for name in launched if name != "grid" and name not in variant.launch_options]
+    assert names == Recorder.arg_names
+    assert launched["grid"] == (plan.grid,) and launched["offs_ptr"] is offs
+    assert launched["num_batches"] == 3 and launched["bias_desc"] is None and launched["bias_ptr"] is None
+    assert launched["c_desc"][1].shape == tuple(c.shape) and launched["GROUPS_BLOCK"] == plan.groups_block
 
 
 def test_repeated_calls_reuse_the_plan_until_what_it_depends_on_changes():

@@ -32,6 +32,7 @@ from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES, _check, _check_tensor, _register_autograd
 from tritonblas_ops.plan import (
     Kernel, Operand, _describable, _max_offset, descriptor_layout, shard_setting, tf32_enabled,
+    warp_specialized_arguments,
 )
 from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
 from tritonblas_ops.scheduler import WorkQueue
@@ -308,15 +309,12 @@ def _launch_warp_specialized(plan: GroupedPlan, a, b, c, offs, counters, unit_co
     a_desc = launch.gluon_descriptor(a, descriptor_layout((1, m, k), (0, sam, sak), bm, bk))
     b_desc = launch.gluon_descriptor(b, descriptor_layout((1, k, n), (0, sbk, sbn), bk, bn))
     c_desc = launch.gluon_descriptor(c, descriptor_layout((groups, m, n), (scb, scm, scn), bm, variant.epilogue_n))
-    warp_specialized_matmul_kernel[(plan.grid,)](
-        a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, bias_desc=None, bias_ptr=None, counters_ptr=counters,
-        budget_ptr=budget.live_budget_word(a.device), unit_counts_ptr=unit_counts, offs_ptr=offs,
-        M=m, N=n, K=k, num_batches=groups, stride_bias_m=0, stride_bias_n=0, alpha=1.0, beta=0.0,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m, NUM_SHARDS=plan.queue.num_shards,
-        COUNTER_STRIDE=COUNTER_STRIDE, CHECKED=plan.checked, A_ROW_MAJOR=plan.a_row_major,
-        B_ROW_MAJOR=plan.b_row_major, ACTIVATION="none", GATE=False, **variant.kernel_constants(),
-        GROUPS_BLOCK=plan.groups_block, **variant.launch_options,
-    )
+    args = warp_specialized_arguments(
+        (a_desc, b_desc, c_desc, None), sizes=plan.sizes, config=config, variant=variant,
+        num_shards=plan.queue.num_shards, checked=plan.checked, a_row_major=plan.a_row_major,
+        b_row_major=plan.b_row_major, counters=counters, live_budget=budget.live_budget_word(a.device),
+        unit_counts=unit_counts, offs=offs, groups_block=plan.groups_block)
+    warp_specialized_matmul_kernel[(plan.grid,)](**args, **variant.launch_options)
 
 
 # ---------------------------------------------------------------------------------------

@@ -201,23 +201,14 @@ class LaunchPlan:
         )
 
     def warp_specialized_arguments(self, bias, counters, descriptors, alpha, beta, *, unit_counts=None) -> dict:
-        """warp_specialized_matmul_kernel's arguments by name, in its order: the plan's, with
-        the call's bias, counters, scalars and A's, B's, C's and (prefetched) the bias's host
-        descriptors."""
-        m, n, k, batches = self.sizes
-        config = self.config
-        a_desc, b_desc, c_desc, bias_desc = descriptors
-        return dict(
-            a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, bias_desc=bias_desc, bias_ptr=bias, counters_ptr=counters,
-            budget_ptr=self.live_budget, unit_counts_ptr=unit_counts, offs_ptr=None, M=m, N=n, K=k,
-            num_batches=batches,
-            stride_bias_m=self.strides[3][0], stride_bias_n=self.strides[3][1], alpha=alpha, beta=beta,
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-            NUM_SHARDS=self.queue.num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
-            CHECKED=self.checked, A_ROW_MAJOR=self.a_row_major, B_ROW_MAJOR=self.b_row_major,
-            **_epilogue_constants(self.activation),
-            **self.warp_specialized_variant.kernel_constants(), GROUPS_BLOCK=1,
-        )
+        """warp_specialized_matmul_kernel's arguments: the plan's, with the call's bias,
+        counters, scalars and A's, B's, C's and (prefetched) the bias's host descriptors."""
+        return warp_specialized_arguments(
+            descriptors, sizes=self.sizes, config=self.config, variant=self.warp_specialized_variant,
+            num_shards=self.queue.num_shards, checked=self.checked, a_row_major=self.a_row_major,
+            b_row_major=self.b_row_major, counters=counters, live_budget=self.live_budget,
+            unit_counts=unit_counts, bias=bias, bias_strides=self.strides[3], activation=self.activation,
+            alpha=alpha, beta=beta)
 
     @property
     def warp_specialized_variant(self) -> WarpSpecializedVariant:
@@ -423,6 +414,27 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         activation=activation,
         kernel=kernel,
         prefetch_bias=prefetch_bias,
+    )
+
+
+def warp_specialized_arguments(descriptors: tuple, *, sizes: tuple, config: TileConfig,
+                               variant: WarpSpecializedVariant, num_shards: int, checked: bool,
+                               a_row_major: bool, b_row_major: bool, counters, live_budget, unit_counts,
+                               bias=None, bias_strides: tuple = (0, 0), activation: str = "none",
+                               alpha: float = 1.0, beta: float = 0.0, offs=None, groups_block: int = 1) -> dict:
+    """warp_specialized_matmul_kernel's arguments by name, in its order, for a dense launch
+    (LaunchPlan) or a grouped one along K (grouped.py: offs, C's batches its groups).
+    descriptors: A's, B's, C's and the prefetched bias's (or None)."""
+    m, n, k, batches = sizes
+    a_desc, b_desc, c_desc, bias_desc = descriptors
+    return dict(
+        a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, bias_desc=bias_desc, bias_ptr=bias, counters_ptr=counters,
+        budget_ptr=live_budget, unit_counts_ptr=unit_counts, offs_ptr=offs, M=m, N=n, K=k, num_batches=batches,
+        stride_bias_m=bias_strides[0], stride_bias_n=bias_strides[1], alpha=alpha, beta=beta,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        NUM_SHARDS=num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
+        CHECKED=checked, A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major,
+        **_epilogue_constants(activation), **variant.kernel_constants(), GROUPS_BLOCK=groups_block,
     )
 
 
