@@ -1,5 +1,5 @@
 """Write tritonblas_ops/measured.py, the measurements routing policy "auto" predicts from,
-out of the recorded corpus runs (benchmarks/results/<gpu>_<dtype>.csv):
+out of the recorded corpus runs (benchmarks/results/<gpu>_<dtype>.csv), one entry per GPU:
 
     python -m benchmarks.policy_table
 
@@ -11,7 +11,10 @@ warp-specialized kernel (the default on sm_90 since 5cf05ac; 0abe554's `bench
 --warp-specialized`, the Triton kernel elsewhere) and from the main file only where that
 run lacks them. Also the run's best torch.mm bandwidth (what a pointwise
 kernel the fusion removes would reach) and the eager op's host time per call (the latest
-`--overhead` run). tests/test_benchmarks.py checks that the module matches these files.
+`--overhead` run). The H100 has bf16 only (the warp-specialized run of 2026-12-05) and no
+`--overhead` run yet: its host time is the H200's until one is recorded (the lent machines
+of both run the same software; an eager call's host time is the CPU's, not the GPU's).
+tests/test_benchmarks.py checks that the module matches these files.
 """
 
 import argparse
@@ -24,17 +27,24 @@ from benchmarks.providers import TORCH_MM, WORK_STEALING
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 MODULE = pathlib.Path(__file__).parent.parent / "tritonblas_ops" / "measured.py"
-# The files per dtype, each with the provider that timed the default kernel there; fp32's
-# two files (B row-major, B K-major) form one table, so a prediction takes the worse of the
-# two layouts. bf16: the warp-specialized run's rows first, then the main file's for the
-# shapes it lacks.
-SOURCES = {
-    "bfloat16": (("h200_bf16_warp_specialized.csv", "ws_warp_specialized"), ("h200_bf16.csv", WORK_STEALING)),
-    "float16": (("h200_fp16.csv", WORK_STEALING),),
-    "float32": (("h200_fp32.csv", WORK_STEALING), ("h200_fp32_kmajor.csv", WORK_STEALING)),
+# Per GPU, the files per dtype, each with the provider that timed the default kernel there
+# (fp32's two files, B row-major and B K-major, form one table, so a prediction takes the
+# worse of the two layouts; bf16: the warp-specialized run's rows first, then the main
+# file's for the shapes it lacks), the file whose latest run names the device and versions,
+# and the file of the `--overhead` runs.
+GPUS = {
+    "h200": dict(
+        sources={
+            "bfloat16": (("h200_bf16_warp_specialized.csv", "ws_warp_specialized"), ("h200_bf16.csv", WORK_STEALING)),
+            "float16": (("h200_fp16.csv", WORK_STEALING),),
+            "float32": (("h200_fp32.csv", WORK_STEALING), ("h200_fp32_kmajor.csv", WORK_STEALING)),
+        },
+        device_file="h200_bf16.csv", host_file="h200_bf16.csv"),
+    "h100": dict(
+        sources={"bfloat16": (("h100_bf16_warp_specialized.csv", "ws_warp_specialized"),)},
+        device_file="h100_bf16_warp_specialized.csv", host_file="h200_bf16.csv"),
 }
 PREFERRED = {"bfloat16"}  # dtypes whose files are alternatives, the first one's shapes first
-MAIN_BF16 = "h200_bf16.csv"  # the full corpus runs: the device, versions and host time
 EAGER_OP = "ws_op"  # the overhead run's provider: the op called from Python, one call
 
 HEADER = '''"""What routing policy "auto" predicts from: the corpus measured on each GPU (written by
@@ -48,7 +58,7 @@ kernel us): median times of back-to-back GEMMs."""
 '''
 
 
-@functools.cache  # a file read once per process (h200_bf16.csv serves three fields)
+@functools.cache  # a file read once per process (h200_bf16.csv serves several fields)
 def _read(name: str) -> list[dict]:
     with open(RESULTS / name, newline="") as f:
         return list(csv.DictReader(f))
@@ -103,42 +113,50 @@ def _dtype_shapes(files: list[tuple[str, list[dict], str]], preferred: bool) -> 
     return sorted(shapes), runs
 
 
-def _host_us(rows: list[dict]) -> float:
-    overhead = [r for r in rows if r["mode"] == "overhead" and r["provider"] == EAGER_OP]
+def _host_us(name: str) -> tuple[float, str]:
+    """The eager op's median host time per call in the file's latest `--overhead` run, and
+    that run (file and timestamp)."""
+    overhead = [r for r in _read(name) if r["mode"] == "overhead" and r["provider"] == EAGER_OP]
     latest = max(r["timestamp"] for r in overhead)
-    return round(statistics.median(float(r["p50_ms"]) * 1e3 for r in overhead if r["timestamp"] == latest), 2)
+    host_us = statistics.median(float(r["p50_ms"]) * 1e3 for r in overhead if r["timestamp"] == latest)
+    return round(host_us, 2), f"{name} {latest} (host time)"
 
 
-def table() -> dict:
-    """The measured.py data of the recorded H200 runs."""
+def table(gpu: str) -> dict:
+    """The measured.py entry of one GPU's recorded runs (a key of GPUS)."""
+    files = GPUS[gpu]
     runs, shapes = {}, {}
-    for dtype, files in SOURCES.items():
-        shapes[dtype], runs[dtype] = _dtype_shapes([(name, _read(name), kernel) for name, kernel in files],
+    for dtype, sources in files["sources"].items():
+        shapes[dtype], runs[dtype] = _dtype_shapes([(name, _read(name), kernel) for name, kernel in sources],
                                                    dtype in PREFERRED)
-    first = _latest_gemm_run(_read(MAIN_BF16))[0]
+    first = _latest_gemm_run(_read(files["device_file"]))[0]
+    host_us, host_run = _host_us(files["host_file"])
     return {
         "device": first["gpu"],
         "num_sms": int(first["num_sms"]),
         "versions": f"torch {first['torch']}, triton {first['triton']}",
-        "runs": tuple(f"{name} {stamp}" for dtype_runs in runs.values() for name, _, stamp in dtype_runs),
+        "runs": (*(f"{name} {stamp}" for dtype_runs in runs.values() for name, _, stamp in dtype_runs), host_run),
         "bandwidth_gbps": _best_bandwidth([(rows, stamp) for _, rows, stamp in runs["bfloat16"]]),
-        "host_us": _host_us(_read(MAIN_BF16)),
+        "host_us": host_us,
         "shapes": shapes,
     }
 
 
 def module_text() -> str:
     """measured.py: one dict per GPU, one line per shape."""
-    data = table()
-    lines = [HEADER + "GPUS = (", "    {"]
-    lines += [f"        {key!r}: {value!r}," for key, value in data.items() if key not in ("runs", "shapes")]
-    lines += ["        'runs': (", *(f"            {run!r}," for run in data["runs"]), "        ),"]
-    lines.append("        'shapes': {")
-    for dtype, shapes in data["shapes"].items():
-        lines.append(f"            {dtype!r}: (")
-        lines += [f"                {shape!r}," for shape in shapes]
-        lines.append("            ),")
-    lines += ["        },", "    },", ")", ""]
+    lines = [HEADER + "GPUS = ("]
+    for gpu in GPUS:
+        data = table(gpu)
+        lines.append("    {")
+        lines += [f"        {key!r}: {value!r}," for key, value in data.items() if key not in ("runs", "shapes")]
+        lines += ["        'runs': (", *(f"            {run!r}," for run in data["runs"]), "        ),"]
+        lines.append("        'shapes': {")
+        for dtype, shapes in data["shapes"].items():
+            lines.append(f"            {dtype!r}: (")
+            lines += [f"                {shape!r}," for shape in shapes]
+            lines.append("            ),")
+        lines += ["        },", "    },"]
+    lines += [")", ""]
     return "\n".join(lines)
 
 

@@ -30,6 +30,18 @@ def test_the_measurements_cover_every_dtype_the_kernel_takes():
     assert 1000 < H200["bandwidth_gbps"] < 5000 and 5 < H200["host_us"] < 100
 
 
+def test_the_h100_has_bf16_measurements_of_its_own():
+    """The H100 SXM's entry: its own corpus run (bf16 only) and cuBLAS's times there, not
+    the H200's; fp16 and fp32 have no shapes, so they are never routed there."""
+    h100 = policy._measurements("NVIDIA H100 80GB HBM3", 132)
+    assert h100 is not None and h100 is not H200
+    assert set(h100["shapes"]) == {"bfloat16"} and len(h100["shapes"]["bfloat16"]) >= 50
+    assert 1000 < h100["bandwidth_gbps"] < H200["bandwidth_gbps"]
+    assert h100["shapes"]["bfloat16"] != H200["shapes"]["bfloat16"]
+    assert predict(h100, torch.float16, 4096, 4096, 4096, saved_passes=0) is None
+    assert predict(h100, BF16, 4096, 4096, 4096, saved_passes=0) is not None
+
+
 def test_a_lone_measured_shape_predicts_its_own_times():
     """4095x4097x4093 (unaligned rows) has no other unaligned shape within a factor of 2."""
     (cublas_us, kernel_us), = [(c, w) for m, n, k, c, w in H200["shapes"]["bfloat16"]
