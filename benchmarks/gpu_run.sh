@@ -31,6 +31,10 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
+# Result files are named for the card that ran them (the lent kind may come as an H100).
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+  *H200*) card=h200 ;; *H100*) card=h100 ;; *) card=gpu ;;
+esac
 stages=${*:-tests ws_tests integration deploy bench contention overhead handoff overlap dtypes grouped}
 has() { [[ " $stages " == *" $1 "* ]]; }
 
@@ -54,7 +58,7 @@ has deploy && timeout ${DEPLOY_TIMEOUT:-300} python3 -m pytest $deploy_tests -m 
   2>&1 | grep -v "^DEBUG" | tee "$OUT/deploy_tests.log" | tail -15
 if has sweep; then  # select_config's calibration: forced tile configs beside its choice
   sweep() { python3 -m benchmarks.bench --warmup-ms 10 --rep-ms 40 --shapes "$1" --configs "$2" \
-              --out "$OUT/h200_sweep.csv" 2>&1 | grep -v "^DEBUG" | tee -a "$OUT/sweep.log" | tail -12; }
+              --out "$OUT/${card}_sweep.csv" 2>&1 | grep -v "^DEBUG" | tee -a "$OUT/sweep.log" | tail -12; }
   sweep 4096x4096x4096,8192x8192x8192,4096x14336x4096,4864x8192x4160,2048x14336x4096 \
     128x256x64w8s3k1,128x128x64w8s4k1,128x128x64w4s4k1
   sweep 1000x1000x1000,1024x1024x1024,2048x2048x2048,3000x5000x2000,2049x1023x777 \
@@ -67,26 +71,26 @@ if has sweep; then  # select_config's calibration: forced tile configs beside it
   sweep 1024x2816x4096,2816x1024x4096,768x3072x8192,3072x768x8192,1024x1024x4096 \
     128x128x64w8s4k1,128x128x64w4s4k2,128x128x64w4s4k3,64x128x64w4s4k1,64x128x64w4s4k2,128x64x64w4s4k2,128x256x64w8s3k2
 fi
-has bench && python3 -m benchmarks.bench --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
+has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8
-has bench_models && python3 -m benchmarks.bench --corpus models --out "$OUT/h200_bf16.csv" 2>&1 \
+has bench_models && python3 -m benchmarks.bench --corpus models --out "$OUT/${card}_bf16.csv" 2>&1 \
   | tee "$OUT/bench_models.log" | tail -20
 has models_auto && python3 -m benchmarks.models --models gpt2_mlp,llama_small,llama_8b,decode_8b_t1,decode_8b_t16 \
-  --variants default,routed_fused,routed_auto --trials 5 --out "$OUT/h200_models.csv" 2>&1 | grep -v "^W[0-9]" \
+  --variants default,routed_fused,routed_auto --trials 5 --out "$OUT/${card}_models.csv" 2>&1 | grep -v "^W[0-9]" \
   | tee "$OUT/models_auto.log" | tail -40
-has contention && python3 -m benchmarks.bench --contention 0,8,20,33,66 --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/contention.log" | tail -12
-has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/h200_bf16.csv" 2>&1 | tee "$OUT/overhead.log" | tail -12
+has contention && python3 -m benchmarks.bench --contention 0,8,20,33,66 --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/contention.log" | tail -12
+has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/overhead.log" | tail -12
 for group in small 8b; do
   if has models_$group; then
     [[ $group == small ]] && list=gpt2_mlp,llama_small,decode_8b_t1,decode_8b_t16 || list=llama_8b
     python3 -m benchmarks.models --models $list --variants default,routed,routed_inline,routed_fused,routed_auto --held 0,16,33 \
-      --out "$OUT/h200_models.csv" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/models_$group.log" | tail -40
+      --out "$OUT/${card}_models.csv" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/models_$group.log" | tail -40
   fi
 done
-has handoff && python3 -m benchmarks.handoff --out "$OUT/h200_handoff.csv" 2>&1 | tee "$OUT/handoff.log" | tail -52
-has overlap && python3 -m benchmarks.overlap --hog-sms 16,33 --out "$OUT/h200_overlap.csv" 2>&1 | tee "$OUT/overlap.log" | tail -20
-has grouped && python3 -m benchmarks.grouped --held 0,16,33 --out "$OUT/h200_grouped.csv" 2>&1 | tee "$OUT/grouped.log" | tail -130
-has grouped_moe && python3 -m benchmarks.grouped --moe-layer --held 0,16,33 --out "$OUT/h200_grouped_moe.csv" 2>&1 \
+has handoff && python3 -m benchmarks.handoff --out "$OUT/${card}_handoff.csv" 2>&1 | tee "$OUT/handoff.log" | tail -52
+has overlap && python3 -m benchmarks.overlap --hog-sms 16,33 --out "$OUT/${card}_overlap.csv" 2>&1 | tee "$OUT/overlap.log" | tail -20
+has grouped && python3 -m benchmarks.grouped --held 0,16,33 --out "$OUT/${card}_grouped.csv" 2>&1 | tee "$OUT/grouped.log" | tail -130
+has grouped_moe && python3 -m benchmarks.grouped --moe-layer --held 0,16,33 --out "$OUT/${card}_grouped_moe.csv" 2>&1 \
   | grep -v "^W[0-9]" | tee "$OUT/grouped_moe.log" | tail -16
 if has ab; then
   python3 -m benchmarks.ab --baseline .baseline --fast-paths-off --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log" | tail -8
@@ -95,9 +99,9 @@ if has ab; then
 fi
 if has dtypes; then
   for dtype in fp16 fp32; do
-    python3 -m benchmarks.bench --corpus quick --dtype $dtype --out "$OUT/h200_$dtype.csv" 2>&1 | tee "$OUT/bench_$dtype.log" | tail -16
+    python3 -m benchmarks.bench --corpus quick --dtype $dtype --out "$OUT/${card}_$dtype.csv" 2>&1 | tee "$OUT/bench_$dtype.log" | tail -16
   done
   # TF32 with B laid out as nn.Linear's weight is (K-major: no copy needed)
-  python3 -m benchmarks.bench --corpus quick --dtype fp32 --b-layout k-major --out "$OUT/h200_fp32_kmajor.csv" 2>&1 \
+  python3 -m benchmarks.bench --corpus quick --dtype fp32 --b-layout k-major --out "$OUT/${card}_fp32_kmajor.csv" 2>&1 \
     | tee "$OUT/bench_fp32_kmajor.log" | tail -16
 fi
