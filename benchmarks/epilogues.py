@@ -4,8 +4,9 @@ pointwise kernel eager PyTorch runs after it.
 
     python -m benchmarks.epilogues [--shapes 8192x3072x768,...]
 
-Per shape (bf16, row-major operands, an (M, N) gate/residual), microseconds per call
-(triton.testing.do_bench's mean, L2 flushed before each call):
+Per shape (bf16, row-major operands, an (M, N) gate/residual), microseconds of GPU time per
+call (the median, L2 flushed before each call, from CUDA-graph replays taken in turn:
+benchmarks/measure.py, as the GEMM tables):
   mm            torch.mm (cuBLAS)
   ws_mm         torch.ops.tritonblas.ws_mm
   gated         ws_mm_gated(a, b, g, activation="silu"): silu(g) * (a @ b), SwiGLU's product
@@ -23,13 +24,10 @@ import torch
 import triton
 
 import tritonblas_ops  # noqa: F401  registers torch.ops.tritonblas
+from benchmarks.measure import time_ms
 from tritonblas_ops.testing import rel_error
 
 SHAPES = "8192x3072x768,8192x768x3072,8192x14336x4096,8192x4096x14336,8192x4096x4096"
-
-
-def _us(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100) * 1e3
 
 
 def measure(m: int, n: int, k: int) -> tuple[dict, float]:
@@ -40,12 +38,13 @@ def measure(m: int, n: int, k: int) -> tuple[dict, float]:
     reference = torch.nn.functional.silu(g.double()) * (a.double() @ b.double())
     out = ops.ws_mm_gated(a, b, g, activation="silu")
     error = rel_error(out, reference)
-    times = dict(mm=_us(lambda: torch.mm(a, b)), ws_mm=_us(lambda: ops.ws_mm(a, b)),
-                 gated=_us(lambda: ops.ws_mm_gated(a, b, g, activation="silu")),
-                 gated_dgelu=_us(lambda: ops.ws_mm_gated(a, b, g, activation="d_gelu")),
-                 addmm_res=_us(lambda: ops.ws_addmm(g, a, b)), torch_addmm=_us(lambda: torch.addmm(g, a, b)),
-                 eager_gated=_us(lambda: torch.nn.functional.silu(g) * torch.mm(a, b)))
-    return times, error
+    fns = dict(mm=lambda: torch.mm(a, b), ws_mm=lambda: ops.ws_mm(a, b),
+               gated=lambda: ops.ws_mm_gated(a, b, g, activation="silu"),
+               gated_dgelu=lambda: ops.ws_mm_gated(a, b, g, activation="d_gelu"),
+               addmm_res=lambda: ops.ws_addmm(g, a, b), torch_addmm=lambda: torch.addmm(g, a, b),
+               eager_gated=lambda: torch.nn.functional.silu(g) * torch.mm(a, b))
+    times = time_ms(fns, a.device, warmup_ms=25, rep_ms=100)
+    return {name: p50 * 1e3 for name, (_, p50, _) in times.items()}, error
 
 
 def main(argv: list[str] | None = None) -> None:
