@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_moe]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_ab] [grouped_moe]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min (since the
 # warp-specialized kernel, 2026-12-05 on a fresh H100: tests ~6 min, ws_tests, its tests and the grouped GEMM's,
@@ -90,6 +90,10 @@ done
 has handoff && python3 -m benchmarks.handoff --out "$OUT/${card}_handoff.csv" 2>&1 | tee "$OUT/handoff.log" | tail -52
 has overlap && python3 -m benchmarks.overlap --hog-sms 16,33 --out "$OUT/${card}_overlap.csv" 2>&1 | tee "$OUT/overlap.log" | tail -20
 has grouped && python3 -m benchmarks.grouped --held 0,16,33 --out "$OUT/${card}_grouped.csv" 2>&1 | tee "$OUT/grouped.log" | tail -130
+# grouped_ab (not in the default list, ~1.5 min): ws beside the grouped Triton kernel (the setting off) and
+# torch._grouped_mm, alone: what moving a layout to the warp-specialized kernel changed, in one run.
+has grouped_ab && python3 -m benchmarks.grouped --providers ws,ws_triton_kernel,torch_grouped_mm --held 0 \
+  --out "$OUT/${card}_grouped.csv" 2>&1 | tee "$OUT/grouped_ab.log" | tail -40
 has grouped_moe && python3 -m benchmarks.grouped --moe-layer --held 0,16,33 --out "$OUT/${card}_grouped_moe.csv" 2>&1 \
   | grep -v "^W[0-9]" | tee "$OUT/grouped_moe.log" | tail -16
 if has ab; then
