@@ -3,6 +3,7 @@ residual read in the kernel's epilogue costs beyond the plain GEMM, against cuBL
 pointwise kernel eager PyTorch runs after it.
 
     python -m benchmarks.epilogues [--shapes 8192x3072x768,...]
+    python -m benchmarks.epilogues --smoke    # CPU, the interpreter, fp32, one tiny shape
 
 Per shape (bf16, row-major operands, an (M, N) gate/residual), microseconds of GPU time per
 call (the median, L2 flushed before each call, from CUDA-graph replays taken in turn:
@@ -28,13 +29,17 @@ from benchmarks.measure import time_ms
 from tritonblas_ops.testing import rel_error
 
 SHAPES = "8192x3072x768,8192x768x3072,8192x14336x4096,8192x4096x14336,8192x4096x4096"
+SMOKE_SHAPES = "48x40x32"
 
 
-def measure(m: int, n: int, k: int) -> tuple[dict, float]:
+def measure(m: int, n: int, k: int, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
+            rep_ms: float = 100) -> tuple[dict, float]:
+    """Microseconds per call of each way (the docstring's list) and the gated product's
+    relative error against float64."""
     ops = torch.ops.tritonblas
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    g = torch.randn(m, n, device=device, dtype=dtype)
     reference = torch.nn.functional.silu(g.double()) * (a.double() @ b.double())
     out = ops.ws_mm_gated(a, b, g, activation="silu")
     error = rel_error(out, reference)
@@ -43,22 +48,25 @@ def measure(m: int, n: int, k: int) -> tuple[dict, float]:
                gated_dgelu=lambda: ops.ws_mm_gated(a, b, g, activation="d_gelu"),
                addmm_res=lambda: ops.ws_addmm(g, a, b), torch_addmm=lambda: torch.addmm(g, a, b),
                eager_gated=lambda: torch.nn.functional.silu(g) * torch.mm(a, b))
-    times = time_ms(fns, a.device, warmup_ms=25, rep_ms=100)
+    times = time_ms(fns, a.device, warmup_ms=25, rep_ms=rep_ms)
     return {name: p50 * 1e3 for name, (_, p50, _) in times.items()}, error
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default=SHAPES, help="MxNxK, comma-separated")
+    parser.add_argument("--shapes", help=f"MxNxK, comma-separated (default {SHAPES}; --smoke: {SMOKE_SHAPES})")
+    parser.add_argument("--smoke", action="store_true", help="CPU through the interpreter, fp32: the plumbing only")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.epilogues needs a CUDA GPU")
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("benchmarks.epilogues needs a CUDA GPU (--smoke runs on the CPU)")
+    device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
     torch.manual_seed(0)
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    for shape in args.shapes.split(","):
+    name = "CPU (interpreter)" if args.smoke else torch.cuda.get_device_name()
+    print(name, "torch", torch.__version__, "triton", triton.__version__)
+    for shape in (args.shapes or (SMOKE_SHAPES if args.smoke else SHAPES)).split(","):
         m, n, k = (int(x) for x in shape.split("x"))
-        times, error = measure(m, n, k)
-        operand_bytes = 2 * m * n
+        times, error = measure(m, n, k, device, dtype, rep_ms=1 if args.smoke else 100)
+        operand_bytes = dtype.itemsize * m * n
         rates = {name: operand_bytes / (times[name] - times["ws_mm"]) / 1e3
                  for name in ("gated", "gated_dgelu", "addmm_res") if times[name] > times["ws_mm"]}
         print(f"{shape} err {error:.1e} " + " ".join(f"{name}={us:.1f}" for name, us in times.items())

@@ -189,6 +189,20 @@ def test_a_stalled_handoff_trial_is_reported_not_waited_for(monkeypatch):
         handoff._finish(["main", "late"], "8x8x8, ws_live, H = 8")
 
 
+def test_epilogues_smoke_run_times_every_way_and_checks_the_gated_product(capsys):
+    """benchmarks/epilogues.py's plumbing: one line per shape, every way timed, the gated
+    product right against float64."""
+    from benchmarks import epilogues
+
+    epilogues.main(["--smoke"])
+    line = capsys.readouterr().out.splitlines()[-1]
+    shape, _, error, *fields = line.split("|")[0].split()
+    assert shape == epilogues.SMOKE_SHAPES and float(error) <= measure.TOLERANCE[torch.float32]
+    times = dict(field.split("=") for field in fields)
+    assert set(times) == {"mm", "ws_mm", "gated", "gated_dgelu", "addmm_res", "torch_addmm", "eager_gated"}
+    assert all(float(us) > 0 for us in times.values())
+
+
 def test_grouped_smoke_run_gates_and_times_every_provider(tmp_path):
     """benchmarks/grouped.py's plumbing: every smoke case, both GEMMs (the MoE forward, 2-D x
     3-D, and its weight gradient, 2-D x 2-D) and every provider has a row that passed the
