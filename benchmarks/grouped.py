@@ -68,7 +68,7 @@ import torch.nn.functional as F
 
 import tritonblas_ops
 from benchmarks import contention, measure, models, report, results
-from tritonblas_ops import settings
+from benchmarks.providers import without_warp_specialization
 from tritonblas_ops.grouped import grouped_mm
 
 try:
@@ -275,19 +275,11 @@ def provider_calls(p: Problem, names: list[str]) -> dict[str, Callable[[], torch
     calls = {
         WS: lambda: torch.ops.tritonblas.ws_grouped_mm(p.a, p.b, p.offs),
         WS_POINTER_LOADS: lambda: grouped_mm(p.a, p.b, p.offs, use_tma=False),
-        WS_TRITON_KERNEL: lambda: _without_warp_specialization(lambda: grouped_mm(p.a, p.b, p.offs)),
+        WS_TRITON_KERNEL: lambda: without_warp_specialization(lambda: grouped_mm(p.a, p.b, p.offs)),
         TORCH_GROUPED_MM: lambda: torch._grouped_mm(p.a, p.b, offs=p.offs),
         CUBLAS_LOOP: mm_loop(p),
     }
     return {name: calls[name] for name in names}
-
-
-def _without_warp_specialization(call: Callable[[], torch.Tensor]) -> torch.Tensor:
-    before = settings.update(warp_specialize=False)
-    try:
-        return call()
-    finally:
-        settings.restore(before)
 
 
 def mm_loop(p: Problem) -> Callable[[], torch.Tensor]:

@@ -32,7 +32,7 @@ from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.ops import SUPPORTED_DTYPES, _check, _check_tensor, _register_autograd
 from tritonblas_ops.plan import (
     Kernel, Operand, _describable, _max_offset, descriptor_layout, shard_setting, tf32_enabled,
-    warp_specialized_arguments,
+    warp_specialized_arguments, warp_specialized_eligible,
 )
 from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
 from tritonblas_ops.scheduler import WorkQueue
@@ -181,14 +181,14 @@ def plan_grouped(a: Tensor, b: Tensor, c: Tensor, num_groups: int, *, config: Ti
         raise ValueError(f"{OP}: use_tma=True needs 16-byte aligned operands with a unit stride, "
                          f"and the ragged dimension not the unit stride of either")
     int64_index = max(_max_offset(t.shape, t.stride) for t in (la, lb, lc)) >= 2**31 - 1
+    queue = WorkQueue(shards, max_units, 1, 1, True)
     kernel = Kernel.TRITON
-    if (ragged == "k" and use_tma and settings.current().warp_specialize and not int64_index
-            and a.dtype in (torch.bfloat16, torch.float16) and devices.has_wgmma(device)
-            and (config.block_m, config.block_n, config.block_k) in WARP_SPECIALIZED_TILES
-            and lc.stride[2] == 1 and _describable(lc)):
+    if ragged == "k" and settings.current().warp_specialize and warp_specialized_eligible(
+            device, a.dtype, config, queue, traced=False, host_descriptors=use_tma,
+            tma_store=lc.stride[2] == 1 and _describable(lc), int64_index=int64_index):
         kernel = Kernel.WARP_SPECIALIZED
     return GroupedPlan(
-        ragged=ragged, config=config, queue=WorkQueue(shards, max_units, 1, 1, True), grid=max(grid, 1),
+        ragged=ragged, config=config, queue=queue, grid=max(grid, 1),
         use_tma=use_tma, a_row_major=la.stride[2] == 1, b_row_major=lb.stride[2] == 1,
         int64_index=int64_index,
         input_precision="tf32" if a.dtype == torch.float32 and a.is_cuda and tf32_enabled() else "ieee",
