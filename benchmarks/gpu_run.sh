@@ -17,8 +17,8 @@
 # compiled MoE layer's training step, default vs routed) about 1 min with --held 0,16.
 # epilogues (benchmarks/epilogues.py: fused gate and residual epilogues, printed only, ~30 s on the
 # H200) is not in the default list.
-# bench_models (the corpus's `models` group alone, ~1 min: what policy "auto" lacks for the model
-# benchmark; merge and regenerate as for bench) and models_auto (the model benchmark's policy and
+# bench_models (the corpus's `models` group alone, the Triton kernel beside the default, ~1 min: what
+# policy "auto" lacks for the model benchmark; merge and regenerate as for bench) and models_auto (the model benchmark's policy and
 # fusion variants against default Inductor, CUDA graphs on and off: on the H200 ~1.3 min for the four small
 # models and ~1.5 min for llama_8b, 2026-12-05) are not in the default list either.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
@@ -73,7 +73,8 @@ if has sweep; then  # select_config's calibration: forced tile configs beside it
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8
-has bench_models && python3 -m benchmarks.bench --corpus models --out "$OUT/${card}_bf16.csv" 2>&1 \
+has bench_models && python3 -m benchmarks.bench --corpus models --triton-kernel --warmup-ms 10 --rep-ms 30 \
+  --out "$OUT/${card}_bf16.csv" 2>&1 \
   | tee "$OUT/bench_models.log" | tail -20
 has models_auto && python3 -m benchmarks.models --models gpt2_mlp,llama_small,llama_8b,decode_8b_t1,decode_8b_t16 \
   --variants default,routed_fused,routed_auto --trials 5 --out "$OUT/${card}_models.csv" 2>&1 | grep -v "^W[0-9]" \
