@@ -18,9 +18,10 @@
 # epilogues (benchmarks/epilogues.py: fused gate and residual epilogues, printed only, ~30 s on the
 # H200) is not in the default list.
 # bench_models (the corpus's `models` group alone, the Triton kernel beside the default, ~1 min: what
-# policy "auto" lacks for the model benchmark; merge and regenerate as for bench) and models_auto (the model benchmark's policy and
-# fusion variants against default Inductor, CUDA graphs on and off: on the H200 ~1.3 min for the four small
-# models and ~1.5 min for llama_8b, 2026-12-05) are not in the default list either.
+# policy "auto" lacks for the model benchmark; merge and regenerate as for bench) and models_auto (the
+# model benchmark's policy and fusion variants against default Inductor, CUDA graphs on and off: on the
+# H200 ~1.3 min for the four small models and ~1.5 min for llama_8b, 2026-12-05) are not in the default
+# list either.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
