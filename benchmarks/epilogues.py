@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("benchmarks.epilogues needs a CUDA GPU (--smoke runs on the CPU)")
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
     torch.manual_seed(0)
-    name = "CPU (interpreter)" if args.smoke else torch.cuda.get_device_name()
-    print(name, "torch", torch.__version__, "triton", triton.__version__)
+    device_name = "CPU (interpreter)" if args.smoke else torch.cuda.get_device_name()
+    print(device_name, "torch", torch.__version__, "triton", triton.__version__)
     for shape in (args.shapes or (SMOKE_SHAPES if args.smoke else SHAPES)).split(","):
         m, n, k = (int(x) for x in shape.split("x"))
         times, error = measure(m, n, k, device, dtype, rep_ms=1 if args.smoke else 100)
