@@ -240,10 +240,10 @@ def test_plans_are_frozen_and_cached_per_key():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("batches", [1, 3])
 def test_batch_invariant_plans_do_not_depend_on_m(h200, dtype, batches, n, k):
-    """Batch-invariant: one K step and K chunk count for every M and batch count of an
-    (N, K), no swap; M picks the tile and whether chunks run as split-K units (few rows)
-    or in turn inside each tile (many, or sizes not known). The default plans' K steps
-    and splits change with M (so the check can fail)."""
+    """Batch-invariant: one K chunk count for every M and batch count of an (N, K), its
+    chunks ending at the same K whatever the tile's K step, no swap; M picks the tile and
+    whether chunks run as split-K units (few rows) or in turn inside each tile (many, or
+    sizes not known). The default plans' K splits change with M (so the check can fail)."""
     size = dtype.itemsize
 
     def configs(batch_invariant, **kwargs):
@@ -251,9 +251,13 @@ def test_batch_invariant_plans_do_not_depend_on_m(h200, dtype, batches, n, k):
                          dtype=dtype, batch_invariant=batch_invariant, **kwargs).config
                 for m in (1, 5, 16, 17, 64, 128, 1000, 2048, 8192)}
 
+    def chunk_ends(config):
+        per_chunk = -(-(-(-k // config.block_k)) // config.k_chunks) * config.block_k
+        return tuple(min(k, c * per_chunk) for c in range(1, config.k_chunks + 1))
+
     invariant = configs(True)
-    (order,) = {(config.block_k, config.k_chunks) for config in invariant}
-    chunks = order[1]
+    (ends,) = {chunk_ends(config) for config in invariant}
+    chunks = len(ends)
     assert (chunks > 1) == (n < 2048) and not any(config.swap_ab for config in invariant)
     assert len(invariant) > 1  # the tile follows M
     splits = {config.split_k for config in invariant}

@@ -75,24 +75,27 @@ SWAP_MAX_M = 16
 HALF_SWAPPED_CONFIGS = (TileConfig(128, 16, 128, num_warps=4, num_stages=5, swap_ab=True),)
 FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_ab=True),)
 
-# Batch-invariant tiles. An output element's bits depend on the K step (and the order of
-# the steps), not on the tile's rows and columns, warps or stages: wgmma adds one K step's
-# products alike whatever the tile (checked on the H200 for bf16, fp16 and TF32, tiles from
-# 128x256 to 64x16: NOTES.md step 24). So every tile of a dtype takes one K step, and the
-# tile still follows M; narrow ones give decode launches enough tiles. Efficiencies of the
-# narrow tiles are assumed, not measured. With K in chunks (k_chunks > 1), a chunk's
+# Batch-invariant tiles. An output element's bits depend on how K is cut into chunks that
+# are accumulated from zero, and on nothing else of the launch: wgmma adds one K step's
+# products for an element alike whatever the tile's rows and columns, warps, stages or K
+# step (a longer step is more of the same 16-wide instructions in a row; checked on the
+# H200 and an H100 for bf16, fp16 and TF32: NOTES.md steps 24 and 33). So the tile follows
+# M, and narrow ones give decode launches enough tiles; they take long K steps and deep
+# pipelines, because a decode launch streams B and each SM needs ~50 KB of it in flight
+# (64x32 tiles of 64-wide steps had 16 KB: decode at 0.40-0.80x of cuBLAS). Efficiencies of
+# the narrow tiles are assumed, not measured. With K in chunks (k_chunks > 1), a chunk's
 # accumulator and the running total both live in registers: at most 64 fp32 values a
 # thread each, so 128x128 takes 8 warps and 128x256 is out.
-HALF_INVARIANT_CONFIGS = HALF_CONFIGS[:2] + (  # those of one K step, and narrower ones
+HALF_INVARIANT_CONFIGS = HALF_CONFIGS[:2] + (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, efficiency=0.93),
-    TileConfig(128, 64, 64, num_warps=4, num_stages=4, efficiency=0.75),
-    TileConfig(64, 64, 64, num_warps=4, num_stages=4, efficiency=0.5),
-    TileConfig(64, 32, 64, num_warps=4, num_stages=4, efficiency=0.3),
+    TileConfig(128, 64, 128, num_warps=4, num_stages=4, efficiency=0.75),
+    TileConfig(64, 64, 128, num_warps=4, num_stages=6, efficiency=0.5),
+    TileConfig(64, 32, 256, num_warps=4, num_stages=4, efficiency=0.3),
 )
 FP32_INVARIANT_CONFIGS = FP32_CONFIGS[:2] + (
-    TileConfig(128, 64, 32, num_warps=4, num_stages=4, efficiency=0.65),
-    TileConfig(64, 64, 32, num_warps=4, num_stages=4, efficiency=0.45),
-    TileConfig(64, 32, 32, num_warps=4, num_stages=4, efficiency=0.25),
+    TileConfig(128, 64, 64, num_warps=4, num_stages=4, efficiency=0.65),
+    TileConfig(64, 64, 64, num_warps=4, num_stages=6, efficiency=0.45),
+    TileConfig(64, 32, 128, num_warps=4, num_stages=4, efficiency=0.25),
 )
 MAX_CHUNKED_VALUES_PER_THREAD = 64
 # Each chunk after the first restarts the tile's pipeline: ~3-4 K steps of time each on the
@@ -206,12 +209,20 @@ def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
     return best
 
 
-def k_chunk_choices(k: int, block_k: int) -> list[int]:
-    """Chunk counts for K that leave no chunk empty (chunks hold whole K steps, the same
-    as split-K slices: ceil(steps / chunks) each) and none shorter than MIN_K_PER_SPLIT."""
-    steps = -(-k // block_k)
-    return [c for c in SPLIT_K_CHOICES
-            if c == 1 or (k // c >= MIN_K_PER_SPLIT and -(-steps // -(-steps // c)) == c)]
+def k_chunk_choices(k: int, block_ks) -> list[int]:
+    """Chunk counts for K that leave no chunk empty and none shorter than MIN_K_PER_SPLIT,
+    and whose chunks end at the same K for every K step in `block_ks` (chunks hold whole K
+    steps, as split-K slices do: ceil(steps / chunks) each)."""
+    def chunk_end(chunks: int, block_k: int) -> int | None:
+        steps = -(-k // block_k)
+        per_chunk = -(-steps // chunks)
+        return per_chunk * block_k if -(-steps // per_chunk) == chunks else None
+
+    def aligned(chunks: int) -> bool:
+        ends = {chunk_end(chunks, block_k) for block_k in block_ks}
+        return len(ends) == 1 and None not in ends
+
+    return [c for c in SPLIT_K_CHOICES if c == 1 or (k // c >= MIN_K_PER_SPLIT and aligned(c))]
 
 
 def _fits_chunked(config: TileConfig) -> bool:
@@ -239,17 +250,18 @@ def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candida
 def select_invariant_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype, device: torch.device,
                             *, allow_split_k: bool = True) -> TileConfig:
     """Batch-invariant launches: each output element summed in an order set by (N, K) alone,
-    whatever M and the batch count. The K step is the dtype's; K is cut into chunks only
-    where a decode launch could not otherwise keep half the SMs busy: the fewest chunks
-    that let the narrowest tile's columns do so (every launch of that (N, K) then pays a
-    pipeline restart per chunk and tiles that hold two accumulators). Then the tile, and
-    whether the chunks are split-K units, follow this launch's M by the cost model. No
-    swap: it changes which operand a tile's rows come from."""
+    whatever M and the batch count: K in a number of chunks fixed per (N, K), each ending at
+    the same K for every candidate tile's K step. K is cut into chunks only where a decode
+    launch could not otherwise keep half the SMs busy: the fewest chunks that let the
+    narrowest tile's columns do so (every launch of that (N, K) then pays a pipeline
+    restart per chunk and tiles that hold two accumulators). Then the tile, and whether the
+    chunks are split-K units, follow this launch's M by the cost model. No swap: the narrow
+    tiles' deep pipelines stream B for decode as normal mode's transposed tiles do."""
     if device.type == "cpu":
         return INTERPRETER_CONFIG
     candidates = FP32_INVARIANT_CONFIGS if dtype == torch.float32 else HALF_INVARIANT_CONFIGS
     units = devices.num_compute_units(device)
     decode_tiles = -(-n // min(config.block_n for config in candidates))
-    choices = k_chunk_choices(k, candidates[0].block_k)
+    choices = k_chunk_choices(k, {config.block_k for config in candidates})
     chunks = next((c for c in choices if 2 * decode_tiles * c >= units), choices[-1])
     return _invariant_choice(m, n, k, batches, chunks, candidates, units, allow_split_k)[1]
