@@ -9,7 +9,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tritonblas_ops.activations import SLOPES
-from tritonblas_ops.config import WARP_SPECIALIZED_TILES
+from tritonblas_ops import config as configs
+from tritonblas_ops.config import FP32_INVARIANT_CONFIGS, HALF_INVARIANT_CONFIGS, WARP_SPECIALIZED_TILES
 from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
@@ -21,21 +22,22 @@ POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*
 FLOATS = {"alpha": "fp32", "beta": "fp32"}
 
 
-def compile_for_hopper(kernel, constants: dict, descriptors: dict):
+def compile_for_hopper(kernel, constants: dict, descriptors: dict, *, num_warps: int = 8, num_stages: int = 3,
+                       pointers: dict = POINTERS):
     """Compile `kernel` with ints for every runtime argument not named here, the pointers
     above (a None in `constants` makes one a constexpr None), tensor descriptors of the
     given types, and `constants`."""
-    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
+    signature = {name: pointers.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
     signature.update(descriptors)
     for name in constants:
         signature[name] = "constexpr"
     values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
     return triton.compile(ASTSource(kernel, signature, values), target=HOPPER,
-                          options=dict(num_warps=8, num_stages=3))
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def descriptor(rows: int, cols: int) -> str:
-    return f"tensordesc<bf16[1, {rows}, {cols}]>"
+def descriptor(rows: int, cols: int, dtype: str = "bf16") -> str:
+    return f"tensordesc<{dtype}[1, {rows}, {cols}]>"
 
 
 TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_SHARDS=1, COUNTER_STRIDE=32, CHECKED=True,
@@ -79,6 +81,26 @@ def test_gemm_kernel_compiles(use_tma, split_k, work_stealing):
     else:
         constants.update(a_desc=None, b_desc=None, c_desc=None)
     assert compile_for_hopper(ws_matmul_kernel, constants, descriptors).asm["ptx"]
+
+
+@pytest.mark.parametrize("config,dtype", [(config, "bf16") for config in HALF_INVARIANT_CONFIGS]
+                         + [(config, "fp32") for config in FP32_INVARIANT_CONFIGS])
+def test_batch_invariant_tiles_fit_shared_memory(config, dtype):
+    """The batch-invariant tiles' deep pipelines (long K steps, up to 6 stages) fit a Hopper
+    SM's shared memory, K chunks summed in each tile (the launch's largest form)."""
+    chunks = 2 if configs.fits_chunked(config) else 1
+    constants = dict(TILE, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                     SPLIT_K=1, K_CHUNKS=chunks, SUM_ROWS=32, WORK_STEALING=True, INT64_INDEX=False,
+                     USE_TMA=True, A_ROW_MAJOR=True, B_ROW_MAJOR=True, TMA_STORE=True, ACTIVATION="none",
+                     GATE=False, partials_ptr=None, unit_counts_ptr=None,
+                     INPUT_PRECISION="tf32" if dtype == "fp32" else "ieee")
+    descriptors = {"a_desc": descriptor(config.block_m, config.block_k, dtype),
+                   "b_desc": descriptor(config.block_k, config.block_n, dtype),
+                   "c_desc": descriptor(config.block_m, config.block_n, dtype)}
+    pointers = {name: ptr.replace("bf16", dtype) for name, ptr in POINTERS.items()}
+    compiled = compile_for_hopper(ws_matmul_kernel, constants, descriptors, num_warps=config.num_warps,
+                                  num_stages=config.num_stages, pointers=pointers)
+    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES, (config, compiled.metadata.shared)
 
 
 @pytest.mark.parametrize("activation", SLOPES)

@@ -225,7 +225,7 @@ def k_chunk_choices(k: int, block_ks) -> list[int]:
     return [c for c in SPLIT_K_CHOICES if c == 1 or (k // c >= MIN_K_PER_SPLIT and aligned(c))]
 
 
-def _fits_chunked(config: TileConfig) -> bool:
+def fits_chunked(config: TileConfig) -> bool:
     return config.block_m * config.block_n // (config.num_warps * 32) <= MAX_CHUNKED_VALUES_PER_THREAD
 
 
@@ -235,7 +235,7 @@ def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candida
     the chunks summed in each tile or (allow_split_k) each a split-K unit."""
     best = None
     for config in candidates:
-        if chunks > 1 and not _fits_chunked(config):
+        if chunks > 1 and not fits_chunked(config):
             continue
         restarts = (chunks - 1) * CHUNK_RESTART_K_STEPS * config.block_k
         for split in ((1, chunks) if allow_split_k and chunks > 1 else (1,)):
