@@ -157,7 +157,7 @@ def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major,
     if not live_budget:  # the launches without a budget compile without the tests' unit counts too
         constants["budget_ptr"] = None
         constants["unit_counts_ptr"] = None
-    constants.update(offs_ptr=None, GROUPS_BLOCK=1)  # a GEMM (grouped launches: below)
+    constants.update(offs_ptr=None, GROUPS_BLOCK=1, K_CHUNKS=1)  # a GEMM (grouped launches: below)
     for name in constants:
         signature[name] = "constexpr"
     values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
@@ -180,7 +180,7 @@ def test_warp_specialized_kernel_compiles_for_groups_along_k(tile, dtype):
     bm, bn, bk = tile
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SHARDS=1, COUNTER_STRIDE=64, CHECKED=True,
                      A_ROW_MAJOR=False, B_ROW_MAJOR=True, ACTIVATION="none", GATE=False, GROUPS_BLOCK=128,
-                     bias_ptr=None, bias_desc=None, budget_ptr=None, unit_counts_ptr=None,
+                     bias_ptr=None, bias_desc=None, budget_ptr=None, unit_counts_ptr=None, K_CHUNKS=1,
                      **variant.kernel_constants())
     signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
     signature.update(a_desc=nvmma_descriptor(dtype, (1, bk, bm)), b_desc=nvmma_descriptor(dtype, (1, bk, bn)),
@@ -191,6 +191,32 @@ def test_warp_specialized_kernel_compiles_for_groups_along_k(tile, dtype):
     compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
                               options=variant.launch_options)
     assert "setmaxnreg" in compiled.asm["ptx"] and ".or.b32" in compiled.asm["ptx"]  # the offs check
+    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+
+
+@pytest.mark.parametrize("a_row_major,b_row_major", [(True, True), (True, False)])
+def test_warp_specialized_kernel_compiles_with_k_chunks(a_row_major, b_row_major):
+    """Batch-invariant launches on the 128x128 tile: K in chunks summed in turn by the MMA
+    warps, which hold the chunk's accumulator and the running total."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = warp_specialized_matmul_kernel
+    bm, bn, bk = tile = (128, 128, 64)
+    variant = WARP_SPECIALIZED_TILES[tile]
+    constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SHARDS=1, COUNTER_STRIDE=64, CHECKED=False,
+                     A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major, ACTIVATION="none", GATE=False,
+                     GROUPS_BLOCK=1, K_CHUNKS=3, bias_ptr=None, bias_desc=None, budget_ptr=None,
+                     unit_counts_ptr=None, offs_ptr=None, **variant.kernel_constants())
+    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
+    signature.update(a_desc=nvmma_descriptor("bf16", (1, bm, bk) if a_row_major else (1, bk, bm)),
+                     b_desc=nvmma_descriptor("bf16", (1, bk, bn) if b_row_major else (1, bn, bk)),
+                     c_desc=nvmma_descriptor("bf16", (1, bm, variant.epilogue_n)))
+    for name in constants:
+        signature[name] = "constexpr"
+    values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+    compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
+                              options=variant.launch_options)
+    assert "setmaxnreg" in compiled.asm["ptx"]
     assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
 
 

@@ -327,6 +327,18 @@ def test_warp_specialized_arguments_are_the_kernels(hopper):
     assert (args["stride_bias_m"], args["stride_bias_n"]) == (0, 1)
 
 
+def test_batch_invariant_chunks_on_the_128x128_tile_run_warp_specialized(hopper):
+    """Batch-invariant prefill with K in chunks (N < 2048): the 128x128 tile's chunks are
+    summed in turn by the warp-specialized kernel's MMA warps (two accumulators fit)."""
+    chosen = gpu_plan(row_major(1, 8192, 4096), row_major(1, 4096, 1000), batch_invariant=True,
+                      warp_specialize=True)
+    config = chosen.config
+    assert (config.block_m, config.block_n, config.k_chunks > 1, config.split_k) == (128, 128, True, 1)
+    assert chosen.kernel is Kernel.WARP_SPECIALIZED
+    args = chosen.warp_specialized_arguments("bias", "counters", ("a", "b", "c", None), 1.0, 1.0)
+    assert args["K_CHUNKS"] == config.k_chunks
+
+
 @pytest.mark.parametrize("bias,prefetched", [
     (Operand((4096, 4096), (4096, 1), 2, True), True),  # a gate, a residual, a pre-activation
     (Operand((1, 4096, 4096), (4096 * 4104, 4104, 1), 2, True), True),  # rows of a wider tensor

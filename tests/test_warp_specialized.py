@@ -8,6 +8,7 @@ sm_90 GPU. Run first:
 """
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -73,6 +74,18 @@ def test_the_triton_kernels_bits(m, n, k, programs, config, dtype):
     a, b = operand(m, k, dtype), operand(k, n, dtype)
     out = assert_same_bits(a, b, knobs=Knobs(config, num_programs=programs))
     assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("b_t", [False, True])
+@pytest.mark.parametrize("m,n,k,chunks,programs", [(4096, 1000, 4096, 4, None), (3000, 1304, 2000, 3, None),
+                                                   (129, 264, 776, 2, 2)])
+def test_k_chunks_the_triton_kernels_bits(m, n, k, chunks, programs, b_t):
+    """Batch-invariant launches' K chunks on the 128x128 tile, summed in turn by the MMA
+    warps while the loader streams on: the Triton kernel's bits (a pipeline per chunk)."""
+    a, b = operand(m, k, torch.bfloat16), operand(k, n, torch.bfloat16, transposed=b_t)
+    config = dataclasses.replace(SQUARE, num_warps=8, k_chunks=chunks)
+    out = assert_same_bits(a, b, knobs=Knobs(config, num_programs=programs))
+    assert_matches(out, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
 
 
 @pytest.mark.parametrize("a_t,b_t", [(False, True), (True, False), (True, True)])

@@ -16,6 +16,7 @@ from tritonblas_ops import device as devices
 from tritonblas_ops import scheduler
 from tritonblas_ops.activations import EPILOGUES, split_epilogue
 from tritonblas_ops.config import (
+    MAX_CHUNKED_VALUES_PER_THREAD,
     WARP_SPECIALIZED_TILES,
     TileConfig,
     WarpSpecializedVariant,
@@ -435,6 +436,7 @@ def warp_specialized_arguments(descriptors: tuple, *, sizes: tuple, config: Tile
         NUM_SHARDS=num_shards, COUNTER_STRIDE=devices.COUNTER_STRIDE,
         CHECKED=checked, A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major,
         **_epilogue_constants(activation), **variant.kernel_constants(), GROUPS_BLOCK=groups_block,
+        K_CHUNKS=config.k_chunks,
     )
 
 
@@ -443,15 +445,19 @@ def warp_specialized_eligible(device: torch.device, dtype: torch.dtype, config: 
                               int64_index: bool) -> bool:
     """Whether the warp-specialized kernel can take a launch the Triton kernel would run so,
     with the same bits: Hopper's wgmma (sm_90), 16-bit operands, a tile it runs
-    (config.WARP_SPECIALIZED_TILES) with no K split or K chunks and no swap, work stealing
-    (it has no static schedule), and every operand moved by a host-built descriptor (it
-    makes none in its programs, so no traced launch) with C stored through one; its bias
-    offsets are int32."""
+    (config.WARP_SPECIALIZED_TILES) with no K split and no swap, K chunks only where its MMA
+    warps hold two accumulators (128x128), work stealing (it has no static schedule), and
+    every operand moved by a host-built descriptor (it makes none in its programs, so no
+    traced launch) with C stored through one; its bias offsets are int32."""
+    tile = (config.block_m, config.block_n, config.block_k)
+    if tile not in WARP_SPECIALIZED_TILES:
+        return False
+    mma_threads = WARP_SPECIALIZED_TILES[tile].num_warps * 32
     return (not traced and host_descriptors and tma_store and not int64_index
             and dtype in (torch.bfloat16, torch.float16) and devices.has_wgmma(device)
-            and (config.block_m, config.block_n, config.block_k) in WARP_SPECIALIZED_TILES
-            and config.split_k == 1 and config.k_chunks == 1 and not config.swap_ab
-            and queue.work_stealing)
+            and config.split_k == 1 and not config.swap_ab and queue.work_stealing
+            and (config.k_chunks == 1
+                 or config.block_m * config.block_n // mma_threads <= MAX_CHUNKED_VALUES_PER_THREAD))
 
 
 def _prefetchable(bias: Operand, strides: tuple, c: Operand) -> bool:

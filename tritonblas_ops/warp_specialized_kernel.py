@@ -2,7 +2,7 @@
 C[b] = act(alpha * A[b] @ B[b] + beta * bias), bf16/fp16 in, fp32 accumulation.
 
 The same product as kernel.ws_matmul_kernel's, bit for bit, for the launches it takes
-(plan.Kernel.WARP_SPECIALIZED: not traced, host tensor descriptors, no K split or K chunks):
+(plan.Kernel.WARP_SPECIALIZED: not traced, host tensor descriptors, no K split):
 the same tiles, swizzle, claim counters and claim rules (scheduler.WorkQueue), the same
 K order of wgmma steps and the same epilogue arithmetic (kernel._epilogue itself).
 
@@ -38,6 +38,11 @@ With offs (grouped GEMMs along K, grouped.py: the MoE weight gradient) batch g i
 whose K range offs gives: the loader starts the tile's boxes at the group's begin in A's and
 B's descriptors and publishes its K length with its id, and the MMA warps zero what the
 group's last partial box reads past its end.
+
+With K_CHUNKS > 1 (batch-invariant launches) the MMA warps cut each tile's K steps into
+K_CHUNKS chunks as kernel._tile_product does, each accumulated from zero and added to a
+running total in order; the loader streams on across the chunks' ends, so a chunk costs one
+wgmma drain instead of the Triton kernel's pipeline restart.
 
 Reads top to bottom: claims, the groups, the loader, the tile-id ring, the epilogue, the
 MMA partition, the kernel.
@@ -316,7 +321,7 @@ def _mma_partition(a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                    GROUP_M: gl.constexpr, A_ROW_MAJOR: gl.constexpr, B_ROW_MAJOR: gl.constexpr,
                    ACTIVATION: gl.constexpr, GATE: gl.constexpr, TILE_SLOTS: gl.constexpr,
-                   C_BUFS: gl.constexpr):
+                   C_BUFS: gl.constexpr, K_CHUNKS: gl.constexpr):
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     EPI_N: gl.constexpr = c_desc.block_type.shape[2]
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -343,9 +348,16 @@ def _mma_partition(a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile
         batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         k_steps = gl.cdiv(k_len, BLOCK_K)
+        if K_CHUNKS > 1:
+            total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+            chunk_steps = gl.cdiv(k_steps, K_CHUNKS)  # kernel._tile_product's chunk length
         for ks in range(k_steps):
             s = mma_count % STAGES
             mbarrier.wait(ready.index(s), (mma_count // STAGES) & 1)
+            if K_CHUNKS > 1:
+                if (ks > 0) & (ks % chunk_steps == 0):  # a chunk's first step: the last one's sum is done
+                    total += warpgroup_mma_wait(0, deps=(acc, ))
+                    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
             if offs_ptr is not None:
                 k_valid = k_len - ks * BLOCK_K
                 if k_valid < BLOCK_K:  # the group's last, partial step: the next group's K past it
@@ -377,6 +389,8 @@ def _mma_partition(a_bufs, b_bufs, c_bufs, c_desc, bias_desc, ready, empty, tile
                     mbarrier.arrive(bias_free)
             mma_count += 1
         acc = warpgroup_mma_wait(0, deps=(acc, ))
+        if K_CHUNKS > 1:
+            acc = total + acc
         _partition_barrier()
         mbarrier.arrive(empty.index((mma_count + STAGES - 1) % STAGES), pred=k_steps > 0)
         # The epilogue, while the loader fills the stages with the next tile's first steps.
@@ -421,7 +435,9 @@ def warp_specialized_matmul_kernel(
     CLAIM_LEAD: gl.constexpr,  # K steps before a tile's last load that the next claim goes out
     LOADER_REGS: gl.constexpr,  # registers per thread of the loader warp
     GROUPS_BLOCK: gl.constexpr,  # a power of two above the group count (ragged K)
+    K_CHUNKS: gl.constexpr,  # chunks of each tile's K summed in turn (batch-invariant), or 1
 ):
+    gl.static_assert(K_CHUNKS == 1 or offs_ptr is None, "K chunks of a plain GEMM only")
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -450,7 +466,7 @@ def warp_specialized_matmul_kernel(
                           tile_empty, bias_ready, bias_free, bias_ptr, offs_ptr, M, N, K, stride_bias_m,
                           stride_bias_n, alpha, beta,
                           BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, A_ROW_MAJOR, B_ROW_MAJOR, ACTIVATION, GATE,
-                          TILE_SLOTS, C_BUFS)),
+                          TILE_SLOTS, C_BUFS, K_CHUNKS)),
         (_load_partition, (a_desc, b_desc, bias_desc, a_bufs, b_bufs, c_bufs, ready, empty, tile_ids,
                            tile_ready, tile_empty, bias_ready, bias_free, counters_ptr, budget_ptr,
                            unit_counts_ptr, offs_ptr, M, N, K, num_batches,
