@@ -120,6 +120,26 @@ def nvmma_descriptor(dtype: str, box: tuple) -> str:
     return f"tensordesc<{dtype}[{', '.join(map(str, box))}],{layout!r}>"
 
 
+def compile_warp_specialized(constants: dict, types: dict, variant):
+    """warp_specialized_matmul_kernel compiled for sm_90 with `constants`, the argument types
+    in `types` (descriptors), the rest typed as compile_for_hopper types them, and the
+    variant's launch options; checked warp-specialized (setmaxnreg in the PTX: the
+    partitions' register budgets) and within a CTA's shared memory."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = warp_specialized_matmul_kernel
+    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
+    signature.update(types)
+    for name in constants:
+        signature[name] = "constexpr"
+    values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+    compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
+                              options=variant.launch_options)
+    assert "setmaxnreg" in compiled.asm["ptx"]
+    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+    return compiled
+
+
 @pytest.mark.parametrize("a_row_major,b_row_major,bias,live_budget,activation,gate,prefetch",
                          [(True, True, False, False, "none", False, False),
                           (True, False, True, True, "gelu", False, False),
@@ -131,12 +151,8 @@ def nvmma_descriptor(dtype: str, box: tuple) -> str:
 @pytest.mark.parametrize("tile", list(WARP_SPECIALIZED_TILES))
 def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major, bias, live_budget, activation,
                                           gate, prefetch):
-    """Each warp-specialized variant compiles for sm_90, warp-specialized (setmaxnreg in the
-    PTX: the partitions' register budgets) and within a CTA's shared memory; `prefetch`: the
-    bias read ahead into C's buffers (the variant's fewer stages)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    kernel = warp_specialized_matmul_kernel
+    """Each warp-specialized variant compiles; `prefetch`: the bias read ahead into C's
+    buffers (the variant's fewer stages)."""
     bm, bn, bk = tile
     variant = WARP_SPECIALIZED_TILES[tile]
     if prefetch:
@@ -144,12 +160,11 @@ def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major,
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SHARDS=2, COUNTER_STRIDE=64, CHECKED=True,
                      A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major, ACTIVATION=activation, GATE=gate,
                      **variant.kernel_constants())
-    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
-    signature.update(bias_ptr=f"*{dtype}",
-                     a_desc=nvmma_descriptor(dtype, (1, bm, bk) if a_row_major else (1, bk, bm)),
-                     b_desc=nvmma_descriptor(dtype, (1, bk, bn) if b_row_major else (1, bn, bk)),
-                     c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)),
-                     bias_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
+    types = dict(bias_ptr=f"*{dtype}",
+                 a_desc=nvmma_descriptor(dtype, (1, bm, bk) if a_row_major else (1, bk, bm)),
+                 b_desc=nvmma_descriptor(dtype, (1, bk, bn) if b_row_major else (1, bn, bk)),
+                 c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)),
+                 bias_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
     if not bias:
         constants["bias_ptr"] = None
     if not prefetch:
@@ -158,13 +173,7 @@ def test_warp_specialized_kernel_compiles(tile, dtype, a_row_major, b_row_major,
         constants["budget_ptr"] = None
         constants["unit_counts_ptr"] = None
     constants.update(offs_ptr=None, GROUPS_BLOCK=1, K_CHUNKS=1)  # a GEMM (grouped launches: below)
-    for name in constants:
-        signature[name] = "constexpr"
-    values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
-    compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
-                              options=variant.launch_options)
-    assert "setmaxnreg" in compiled.asm["ptx"]
-    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+    compile_warp_specialized(constants, types, variant)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -173,51 +182,32 @@ def test_warp_specialized_kernel_compiles_for_groups_along_k(tile, dtype):
     """The grouped weight gradient's launch (offs: groups along K; A = x^T column-major, B =
     dOut row-major, C one batch per group): the loader's group ranges and K offsets, the MMA
     warps' zeroing of a group's last partial K step."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    kernel = warp_specialized_matmul_kernel
     variant = WARP_SPECIALIZED_TILES[tile]
     bm, bn, bk = tile
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SHARDS=1, COUNTER_STRIDE=64, CHECKED=True,
                      A_ROW_MAJOR=False, B_ROW_MAJOR=True, ACTIVATION="none", GATE=False, GROUPS_BLOCK=128,
                      bias_ptr=None, bias_desc=None, budget_ptr=None, unit_counts_ptr=None, K_CHUNKS=1,
                      **variant.kernel_constants())
-    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
-    signature.update(a_desc=nvmma_descriptor(dtype, (1, bk, bm)), b_desc=nvmma_descriptor(dtype, (1, bk, bn)),
-                     c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
-    for name in constants:
-        signature[name] = "constexpr"
-    values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
-    compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
-                              options=variant.launch_options)
-    assert "setmaxnreg" in compiled.asm["ptx"] and ".or.b32" in compiled.asm["ptx"]  # the offs check
-    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+    types = dict(a_desc=nvmma_descriptor(dtype, (1, bk, bm)), b_desc=nvmma_descriptor(dtype, (1, bk, bn)),
+                 c_desc=nvmma_descriptor(dtype, (1, bm, variant.epilogue_n)))
+    compiled = compile_warp_specialized(constants, types, variant)
+    assert ".or.b32" in compiled.asm["ptx"]  # the offs check
 
 
 @pytest.mark.parametrize("a_row_major,b_row_major", [(True, True), (True, False)])
 def test_warp_specialized_kernel_compiles_with_k_chunks(a_row_major, b_row_major):
     """Batch-invariant launches on the 128x128 tile: K in chunks summed in turn by the MMA
     warps, which hold the chunk's accumulator and the running total."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    kernel = warp_specialized_matmul_kernel
     bm, bn, bk = tile = (128, 128, 64)
     variant = WARP_SPECIALIZED_TILES[tile]
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SHARDS=1, COUNTER_STRIDE=64, CHECKED=False,
                      A_ROW_MAJOR=a_row_major, B_ROW_MAJOR=b_row_major, ACTIVATION="none", GATE=False,
                      GROUPS_BLOCK=1, K_CHUNKS=3, bias_ptr=None, bias_desc=None, budget_ptr=None,
                      unit_counts_ptr=None, offs_ptr=None, **variant.kernel_constants())
-    signature = {name: POINTERS.get(name, FLOATS.get(name, "i32")) for name in kernel.arg_names}
-    signature.update(a_desc=nvmma_descriptor("bf16", (1, bm, bk) if a_row_major else (1, bk, bm)),
-                     b_desc=nvmma_descriptor("bf16", (1, bk, bn) if b_row_major else (1, bn, bk)),
-                     c_desc=nvmma_descriptor("bf16", (1, bm, variant.epilogue_n)))
-    for name in constants:
-        signature[name] = "constexpr"
-    values = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
-    compiled = triton.compile(GluonASTSource(kernel, signature, values), target=HOPPER,
-                              options=variant.launch_options)
-    assert "setmaxnreg" in compiled.asm["ptx"]
-    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+    types = dict(a_desc=nvmma_descriptor("bf16", (1, bm, bk) if a_row_major else (1, bk, bm)),
+                 b_desc=nvmma_descriptor("bf16", (1, bk, bn) if b_row_major else (1, bn, bk)),
+                 c_desc=nvmma_descriptor("bf16", (1, bm, variant.epilogue_n)))
+    compile_warp_specialized(constants, types, variant)
 
 
 class _FakeHopperDriver:
