@@ -11,9 +11,8 @@ warp-specialized kernel (the default on sm_90 since 5cf05ac; 0abe554's `bench
 --warp-specialized`, the Triton kernel elsewhere) and from the main file only where that
 run lacks them. Also the run's best torch.mm bandwidth (what a pointwise
 kernel the fusion removes would reach) and the eager op's host time per call (the latest
-`--overhead` run). The H100 has bf16 only (the warp-specialized run of 2026-12-05) and no
-`--overhead` run yet: its host time is the H200's until one is recorded (the lent machines
-of both run the same software; an eager call's host time is the CPU's, not the GPU's).
+`--overhead` run). The H100 has bf16 only (the warp-specialized run of 2026-12-05) and its
+own `--overhead` run (2026-12-06, in h100_bf16.csv).
 tests/test_benchmarks.py checks that the module matches these files.
 """
 
@@ -42,7 +41,7 @@ GPUS = {
         device_file="h200_bf16.csv", host_file="h200_bf16.csv"),
     "h100": dict(
         sources={"bfloat16": (("h100_bf16_warp_specialized.csv", "ws_warp_specialized"),)},
-        device_file="h100_bf16_warp_specialized.csv", host_file="h200_bf16.csv"),
+        device_file="h100_bf16_warp_specialized.csv", host_file="h100_bf16.csv"),
 }
 PREFERRED = {"bfloat16"}  # dtypes whose files are alternatives, the first one's shapes first
 EAGER_OP = "ws_op"  # the overhead run's provider: the op called from Python, one call
