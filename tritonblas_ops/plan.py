@@ -295,10 +295,10 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     sizes it plans for), `dynamic` (some size is symbolic: one program per SM, no K split,
     no swap) and `fits_int32` (whether an offset is known to stay below 2**31 - 1). `out`:
     the (B, M, N) output's layout when it is not a fresh tensor's. batch_invariant: the K
-    step and K chunks ignore M and the batch count (no swap), so each output element is
-    summed in the same order whatever rows share the launch (a tile's rows are computed
-    alike, masked or not; the tile's size does not change a K step's sums); M picks only
-    the tile and whether the chunks run as split-K units, which add the same values in the
+    chunks ignore M and the batch count (no swap), so each output element is summed in the
+    same order whatever rows share the launch (a tile's rows are computed alike, masked or
+    not; neither the tile's size nor its K step changes a chunk's sums); M picks only the
+    tile and whether the chunks run as split-K units, which add the same values in the
     same order. warp_specialize: run the warp-specialized kernel where it can take the
     launch (warp_specialized_eligible), the Triton kernel elsewhere. max_programs: an
     SM budget (budget.py) capping the grid; the tile choice ignores it, so results do not
