@@ -3,6 +3,7 @@
 import dataclasses
 
 import torch
+import triton
 
 from tritonblas_ops import device as devices
 
@@ -61,12 +62,16 @@ HALF_CONFIGS = (
     TileConfig(64, 128, 128, num_warps=4, num_stages=4, efficiency=0.63),
 )
 # TF32 tiles, with their throughput relative to the first on 4096^3 and 8192^3 (NOTES.md
-# step 12: 128x256 beat 128x128 by 12-16%); the smallest one's is assumed.
+# step 12: 128x256 beat 128x128 by 12-16%); the smallest one's is assumed. From Triton 3.9
+# a TMA-stored C tile is staged in shared memory beside the pipeline's stages (3.6-3.8 reuse
+# the drained stages): 128x256's 128 KB fp32 C then leaves no room for a pipeline on a
+# Hopper SM (262-279 KB with 2-3 stages, compiled for sm_90), so TF32 starts at 128x128.
+_C_STAGED_APART = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 9)
 FP32_CONFIGS = (
     TileConfig(128, 256, 32, num_warps=8, num_stages=3, efficiency=1.0),
     TileConfig(128, 128, 32, num_warps=8, num_stages=4, efficiency=0.87),
     TileConfig(64, 128, 32, num_warps=4, num_stages=4, efficiency=0.57),
-)
+)[1 if _C_STAGED_APART else 0:]
 
 # For M <= SWAP_MAX_M (decode-like GEMMs, bound by streaming B) the problem is solved
 # transposed: B^T's N rows fill the tiles' 128 rows and M fits one 16-column tile; small
