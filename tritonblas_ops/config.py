@@ -230,8 +230,11 @@ def k_chunk_choices(k: int, block_ks) -> list[int]:
     return [c for c in SPLIT_K_CHOICES if c == 1 or (k // c >= MIN_K_PER_SPLIT and aligned(c))]
 
 
-def fits_chunked(config: TileConfig) -> bool:
-    return config.block_m * config.block_n // (config.num_warps * 32) <= MAX_CHUNKED_VALUES_PER_THREAD
+def fits_chunked(config: TileConfig, num_warps: int | None = None) -> bool:
+    """Whether a tile's two fp32 accumulators (a chunk's and the running total) fit in
+    registers, over the config's warps or (the warp-specialized kernel's) num_warps."""
+    threads = (num_warps or config.num_warps) * 32
+    return config.block_m * config.block_n // threads <= MAX_CHUNKED_VALUES_PER_THREAD
 
 
 def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candidates, units: int,

@@ -16,10 +16,10 @@ from tritonblas_ops import device as devices
 from tritonblas_ops import scheduler
 from tritonblas_ops.activations import EPILOGUES, split_epilogue
 from tritonblas_ops.config import (
-    MAX_CHUNKED_VALUES_PER_THREAD,
     WARP_SPECIALIZED_TILES,
     TileConfig,
     WarpSpecializedVariant,
+    fits_chunked,
     num_tiles,
     select_config,
     select_invariant_config,
@@ -449,15 +449,11 @@ def warp_specialized_eligible(device: torch.device, dtype: torch.dtype, config: 
     warps hold two accumulators (128x128), work stealing (it has no static schedule), and
     every operand moved by a host-built descriptor (it makes none in its programs, so no
     traced launch) with C stored through one; its bias offsets are int32."""
-    tile = (config.block_m, config.block_n, config.block_k)
-    if tile not in WARP_SPECIALIZED_TILES:
-        return False
-    mma_threads = WARP_SPECIALIZED_TILES[tile].num_warps * 32
-    return (not traced and host_descriptors and tma_store and not int64_index
+    variant = WARP_SPECIALIZED_TILES.get((config.block_m, config.block_n, config.block_k))
+    return (variant is not None and not traced and host_descriptors and tma_store and not int64_index
             and dtype in (torch.bfloat16, torch.float16) and devices.has_wgmma(device)
             and config.split_k == 1 and not config.swap_ab and queue.work_stealing
-            and (config.k_chunks == 1
-                 or config.block_m * config.block_n // mma_threads <= MAX_CHUNKED_VALUES_PER_THREAD))
+            and (config.k_chunks == 1 or fits_chunked(config, variant.num_warps)))
 
 
 def _prefetchable(bias: Operand, strides: tuple, c: Operand) -> bool:
