@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_ab] [grouped_moe]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_ab] [grouped_moe] [invariant]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min (since the
 # warp-specialized kernel, 2026-12-05 on a fresh H100: tests ~6 min, ws_tests, its tests and the grouped GEMM's,
@@ -22,6 +22,8 @@
 # model benchmark's policy and fusion variants against default Inductor, CUDA graphs on and off: on the
 # H200 ~1.3 min for the four small models and ~1.5 min for llama_8b, 2026-12-05) are not in the default
 # list either.
+# invariant (not in the default list, ~4 min on an H100): batch-invariant mode on 21 shapes (decode,
+# skinny, K-heavy, small, big), then the quick corpus with and without the mode, one after the other.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -98,6 +100,18 @@ has grouped_ab && python3 -m benchmarks.grouped --providers ws,ws_triton_kernel,
   --out "$OUT/${card}_grouped.csv" 2>&1 | tee "$OUT/grouped_ab.log" | tail -40
 has grouped_moe && python3 -m benchmarks.grouped --moe-layer --held 0,16,33 --out "$OUT/${card}_grouped_moe.csv" 2>&1 \
   | grep -v "^W[0-9]" | tee "$OUT/grouped_moe.log" | tail -16
+if has invariant; then
+  invariant_shapes=1x4096x14336,1x14336x4096,16x14336x4096,16x4096x14336,128x4096x14336,1x28672x8192,1x8192x28672
+  invariant_shapes+=,16x4096x4096,64x8192x8192,128x8192x8192,1024x1024x16384,256x512x32768,512x512x16384,128x1024x32768
+  invariant_shapes+=,1024x1024x1024,1000x1000x1000,8192x1000x4096,6144x2000x3000,2048x2048x2048,4096x4096x4096
+  invariant_shapes+=,8192x4096x14336,1x1000x14336,8192x1000x14336,16x1024x4096
+  python3 -m benchmarks.bench --batch-invariant --warmup-ms 10 --rep-ms 30 --shapes $invariant_shapes \
+    --out "$OUT/${card}_bf16_invariant.csv" 2>&1 | tee "$OUT/invariant.log" | tail -30
+  python3 -m benchmarks.bench --corpus quick --batch-invariant --warmup-ms 10 --rep-ms 30 \
+    --out "$OUT/${card}_bf16_invariant.csv" 2>&1 | tee -a "$OUT/invariant.log" | tail -4
+  python3 -m benchmarks.bench --corpus quick --warmup-ms 10 --rep-ms 30 --out "$OUT/${card}_bf16.csv" 2>&1 \
+    | tee -a "$OUT/invariant.log" | tail -4
+fi
 if has ab; then
   python3 -m benchmarks.ab --baseline .baseline --fast-paths-off --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log" | tail -8
   (cd .baseline && PYTHONPATH=$PWD python3 -m benchmarks.bench --out "$OUT/baseline_bf16.csv" 2>&1 \

@@ -7,6 +7,8 @@ from tritonblas_ops import config as configs
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import num_tiles, select_config
 
+from tiles import chunk_ends
+
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_config_selector_splits_k_only_below_a_wave(dtype, monkeypatch):
@@ -39,36 +41,39 @@ def test_config_selector_swaps_operands_only_for_a_few_rows(dtype, monkeypatch):
     assert not select_config(8, 8, 4096, 1, dtype, gpu).swap_ab  # N no wider than M
 
 
+# K chunks of every batch-invariant launch of an (N, K) on 132 SMs: 1 unless a decode
+# launch's 32-column tiles fill fewer than 66 SMs and each streams more than 256 KB of B
+# (bf16: K > 4096; fp32: K > 2048), then the fewest aligned chunks that fix either.
+INVARIANT_CHUNKS = {
+    torch.bfloat16: {(1024, 1024): 1, (2048, 2048): 1, (1000, 4096): 1, (2000, 3000): 1, (4096, 14336): 1,
+                     (28672, 8192): 1, (1024, 16384): 4, (1000, 14336): 4, (512, 32768): 8},
+    torch.float32: {(1024, 1024): 1, (2048, 2048): 1, (1000, 4096): 2, (2000, 3000): 3, (4096, 14336): 1,
+                    (28672, 8192): 1, (1024, 16384): 4, (1000, 14336): 4, (512, 32768): 8},
+}
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_batch_invariant_configs_fix_the_chunk_ends_per_n_and_k(dtype, monkeypatch):
     """Batch-invariant configs (132 SMs): for every M one K chunk count per (N, K), whose
-    chunks end at the same K whatever the tile's K step, the tile following M (narrow with
-    long K steps for decode, the big one for prefill). K is chunked only where even the
-    narrowest decode tiles leave more than half the SMs idle; then decode launches split
-    the chunks into units and prefill ones sum them in each tile, whose two fp32
+    chunks end at the same K whatever the tile's K step or kernel, the tile following M
+    (narrow with long K steps for decode, the big one for prefill). Chunked decode launches
+    split the chunks into units and prefill ones sum them in each tile, whose two fp32
     accumulators fit in registers (at most 64 values a thread each). Chunks hold whole K
     steps, none empty and none shorter than MIN_K_PER_SPLIT. No swap."""
     monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
     gpu = torch.device("cuda", 0)
-
-    def chunk_ends(config, k):
-        steps = -(-k // config.block_k)
-        per_chunk = -(-steps // config.k_chunks)
-        assert -(-steps // per_chunk) == config.k_chunks  # no empty chunk
-        return tuple(min(k, c * per_chunk * config.block_k) for c in range(1, config.k_chunks + 1))
-
-    for n, k in [(1024, 1024), (512, 32768), (1000, 14336), (4096, 14336), (28672, 8192), (2000, 3000)]:
-        by_m = {m: configs.select_invariant_config(m, n, k, 1, dtype, gpu) for m in (1, 16, 128, 1000, 4096, 8192)}
-        assert len({chunk_ends(c, k) for c in by_m.values()}) == 1, (n, k)
+    for (n, k), chunks in INVARIANT_CHUNKS[dtype].items():
+        by_m = {(m, ws): configs.select_invariant_config(m, n, k, 1, dtype, gpu, warp_specialized=ws)
+                for m in (1, 16, 128, 1000, 4096, 8192) for ws in (False, True)}
+        assert {chunk_ends(c, k) for c in by_m.values()} == {chunk_ends(by_m[1, False], k)}, (n, k)
+        assert by_m[1, False].k_chunks == chunks, (n, k)
         assert not any(c.swap_ab for c in by_m.values())
-        chunks = by_m[1].k_chunks
-        assert (chunks > 1) == (n < 2048), (n, k)
         if chunks > 1:
-            assert by_m[1].split_k == chunks and by_m[8192].split_k == 1, (n, k)
-            assert all(c.block_m * c.block_n // (c.num_warps * 32) <= 64 for c in by_m.values())
+            assert by_m[1, False].split_k == chunks and by_m[8192, False].split_k == 1, (n, k)
+            assert all(configs.fits_chunked(c) for c in by_m.values() if c.split_k == 1)
             assert k // chunks >= configs.MIN_K_PER_SPLIT
             assert configs.select_invariant_config(1, n, k, 1, dtype, gpu, allow_split_k=False).split_k == 1
         else:
             assert {c.split_k for c in by_m.values()} == {1}
         if n < 28672:  # with a wave of the widest tiles, decode takes them too
-            assert by_m[1].block_n < by_m[8192].block_n, (n, k)
+            assert by_m[1, False].block_n < by_m[8192, False].block_n, (n, k)

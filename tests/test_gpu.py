@@ -514,8 +514,9 @@ def batch_invariant():
 @pytest.mark.parametrize("n,k", [(4096, 4096), (1000, 14336), (512, 32768)])
 def test_batch_invariant_rows_from_decode_to_prefill(name, n, k, precision, batch_invariant):
     """Every row of ws_mm(a[:m], b) bitwise equal to that row of ws_mm(a, b), m from 1 to
-    8192: tiles from 64x32 to 128x256 as M grows (K steps of 256 to 64), and for N < 2048
-    K in chunks that are split-K units for few rows and summed inside each tile for many."""
+    8192: tiles from 64x32 to 128x256 as M grows (K steps of 256 to 64), and where a decode
+    unit would stream much of B (N = 1000 with K = 14336, N = 512 with K = 32768) K in
+    chunks that are split-K units for few rows and summed inside each tile for many."""
     dtype = DTYPES[precision]
     batches = 2 if name == "ws_bmm" else 1
     a = torch.randn(batches, 8192, k, dtype=dtype, device="cuda")

@@ -23,6 +23,8 @@ from tritonblas_ops.plan import (
 )
 from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
 
+from tiles import chunk_ends
+
 SMALL = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=1)
 GPU = torch.device("cuda", 0)
 
@@ -251,14 +253,10 @@ def test_batch_invariant_plans_do_not_depend_on_m(h200, dtype, batches, n, k):
                          dtype=dtype, batch_invariant=batch_invariant, **kwargs).config
                 for m in (1, 5, 16, 17, 64, 128, 1000, 2048, 8192)}
 
-    def chunk_ends(config):
-        per_chunk = -(-(-(-k // config.block_k)) // config.k_chunks) * config.block_k
-        return tuple(min(k, c * per_chunk) for c in range(1, config.k_chunks + 1))
-
     invariant = configs(True)
-    (ends,) = {chunk_ends(config) for config in invariant}
+    (ends,) = {chunk_ends(config, k) for config in invariant}
     chunks = len(ends)
-    assert (chunks > 1) == (n < 2048) and not any(config.swap_ab for config in invariant)
+    assert (chunks > 1) == (n == 1000) and not any(config.swap_ab for config in invariant)
     assert len(invariant) > 1  # the tile follows M
     splits = {config.split_k for config in invariant}
     assert splits == {1, chunks} if batches == 1 else splits <= {1, chunks}
@@ -328,9 +326,10 @@ def test_warp_specialized_arguments_are_the_kernels(hopper):
 
 
 def test_batch_invariant_chunks_on_the_128x128_tile_run_warp_specialized(hopper):
-    """Batch-invariant prefill with K in chunks (N < 2048): the 128x128 tile's chunks are
-    summed in turn by the warp-specialized kernel's MMA warps (two accumulators fit)."""
-    chosen = gpu_plan(row_major(1, 8192, 4096), row_major(1, 4096, 1000), batch_invariant=True,
+    """Batch-invariant prefill with K in chunks (N = 1000, K = 14336): the 128x128 tile's
+    chunks are summed in turn by the warp-specialized kernel's MMA warps (two accumulators
+    fit)."""
+    chosen = gpu_plan(row_major(1, 8192, 14336), row_major(1, 14336, 1000), batch_invariant=True,
                       warp_specialize=True)
     config = chosen.config
     assert (config.block_m, config.block_n, config.k_chunks > 1, config.split_k) == (128, 128, True, 1)

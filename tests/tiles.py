@@ -4,7 +4,8 @@ split for some), so tests of batch invariance can fail there. Its small-M tiles 
 half the K step: a K split at whole steps, or a transposed product, may sum in the same
 order as the large-M tile (in December 2026's CI environment they did), so the step is what
 makes their bits differ. Batch-invariant configs sum K in chunks, as split-K units for
-few rows and inside each tile for many, as on the GPU."""
+few rows and inside each tile for many, as on the GPU. chunk_ends: where a config's K
+chunks end, the order-defining fact that batch-invariant configs share."""
 
 import dataclasses
 
@@ -27,6 +28,14 @@ def chunked_invariant_selector(m, n, k, batches, dtype, device, *, allow_split_k
     the GPU's cost model would pick) and summed inside each tile otherwise."""
     config = TileConfig(32, 32, 16, num_warps=4, num_stages=1, k_chunks=3)
     return dataclasses.replace(config, split_k=3) if allow_split_k and m <= 24 else config
+
+
+def chunk_ends(config: TileConfig, k: int) -> tuple:
+    """The K at which each of a config's chunks ends: chunks of whole K steps, none empty."""
+    steps = -(-k // config.block_k)
+    per_chunk = -(-steps // config.k_chunks)
+    assert -(-steps // per_chunk) == config.k_chunks, (config, k)  # no empty chunk
+    return tuple(min(k, c * per_chunk * config.block_k) for c in range(1, config.k_chunks + 1))
 
 
 @pytest.fixture

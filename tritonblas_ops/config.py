@@ -85,27 +85,35 @@ FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_
 # products for an element alike whatever the tile's rows and columns, warps, stages or K
 # step (a longer step is more of the same 16-wide instructions in a row; checked on the
 # H200 and an H100 for bf16, fp16 and TF32: NOTES.md steps 24 and 33). So the tile follows
-# M, and narrow ones give decode launches enough tiles; they take long K steps and deep
-# pipelines, because a decode launch streams B and each SM needs ~50 KB of it in flight
-# (64x32 tiles of 64-wide steps had 16 KB: decode at 0.40-0.80x of cuBLAS). Efficiencies of
-# the narrow tiles are assumed, not measured. With K in chunks (k_chunks > 1), a chunk's
-# accumulator and the running total both live in registers: at most 64 fp32 values a
-# thread each, so 128x128 takes 8 warps and 128x256 is out.
-HALF_INVARIANT_CONFIGS = HALF_CONFIGS[:2] + (
+# M: normal mode's tiles, and narrow ones that give decode launches enough tiles; those take
+# long K steps and deep pipelines, because a decode launch streams B and each SM needs
+# ~50 KB of it in flight (64x32 tiles of 64-wide steps had 16 KB: decode at 0.40-0.80x of
+# cuBLAS). Efficiencies of the narrow tiles are assumed, not measured. A tile that sums K
+# chunks in turn (k_chunks > 1, split_k 1) holds a chunk's accumulator and the running
+# total in registers: at most 64 fp32 values a thread each, so 128x128 takes 8 warps and
+# 128x256 runs chunks only as split-K units (one accumulator each).
+HALF_INVARIANT_CONFIGS = HALF_CONFIGS + (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, efficiency=0.93),
     TileConfig(128, 64, 128, num_warps=4, num_stages=4, efficiency=0.75),
     TileConfig(64, 64, 128, num_warps=4, num_stages=6, efficiency=0.5),
     TileConfig(64, 32, 256, num_warps=4, num_stages=4, efficiency=0.3),
 )
-FP32_INVARIANT_CONFIGS = FP32_CONFIGS[:2] + (
+FP32_INVARIANT_CONFIGS = FP32_CONFIGS + (
     TileConfig(128, 64, 64, num_warps=4, num_stages=4, efficiency=0.65),
     TileConfig(64, 64, 64, num_warps=4, num_stages=6, efficiency=0.45),
     TileConfig(64, 32, 128, num_warps=4, num_stages=4, efficiency=0.25),
 )
 MAX_CHUNKED_VALUES_PER_THREAD = 64
+# A decode launch's narrowest tile streams its columns of B through one SM. Up to 256 KB a
+# unit (~5 us at one SM's ~50 GB/s) decode needs no K chunks, however few SMs its tiles
+# fill: chunks would cost every prefill launch of the (N, K) (NOTES.md step 48).
+MAX_DECODE_UNIT_BYTES = 256 * 1024
 # Each chunk after the first restarts the tile's pipeline: ~3-4 K steps of time each on the
-# H200 (128x128, 8192^3 and 4096^3: 2 chunks cost 3-4%, 4 chunks 10-13%; NOTES.md step 24).
+# Triton kernel (H200, 128x128 on 8192^3 and 4096^3: 2 chunks cost 3-4%, 4 chunks 10-13%;
+# NOTES.md step 24), ~1 on the warp-specialized kernel, whose loader runs on across the
+# chunk's end (H100, 8192^3: 1713 us whole, 1720 / 1741 with 2 / 4 chunks; step 47).
 CHUNK_RESTART_K_STEPS = 4
+WARP_SPECIALIZED_CHUNK_RESTART_K_STEPS = 1
 
 @dataclasses.dataclass(frozen=True)
 class WarpSpecializedVariant:
@@ -238,38 +246,52 @@ def fits_chunked(config: TileConfig, num_warps: int | None = None) -> bool:
 
 
 def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candidates, units: int,
-                      allow_split_k: bool) -> tuple[float, TileConfig]:
-    """The modeled fastest (cost, config) for K in `chunks` chunks: any tile that holds them,
-    the chunks summed in each tile or (allow_split_k) each a split-K unit."""
+                      allow_split_k: bool, warp_specialized: bool) -> TileConfig:
+    """The modeled fastest config for K in `chunks` chunks: the chunks summed in turn in
+    each tile (where its two accumulators fit) or (allow_split_k) each a split-K unit."""
     best = None
     for config in candidates:
-        if chunks > 1 and not fits_chunked(config):
-            continue
-        restarts = (chunks - 1) * CHUNK_RESTART_K_STEPS * config.block_k
+        restart_steps = (WARP_SPECIALIZED_CHUNK_RESTART_K_STEPS
+                         if warp_specialized and (config.block_m, config.block_n, config.block_k)
+                         in WARP_SPECIALIZED_TILES else CHUNK_RESTART_K_STEPS)
         for split in ((1, chunks) if allow_split_k and chunks > 1 else (1,)):
+            if split == 1 and chunks > 1 and not fits_chunked(config):
+                continue
             if split > 1 and num_tiles(m, n, batches, config) * split > 2 * units:
                 continue
-            cost = _modeled_cost(m, n, k + (restarts if split == 1 else 0), batches, config, split, units)
+            restarts = (chunks - 1) * restart_steps * config.block_k if split == 1 else 0
+            cost = _modeled_cost(m, n, k + restarts, batches, config, split, units)
             if best is None or cost < best[0]:
                 best = (cost, dataclasses.replace(config, split_k=split, k_chunks=chunks))
-    return best
+    return best[1]
+
+
+def invariant_k_chunks(n: int, k: int, dtype: torch.dtype, device: torch.device) -> int:
+    """The K chunk count of every batch-invariant launch of an (N, K): 1 unless a decode
+    launch's narrowest tiles would fill fewer than half the SMs and each stream more than
+    MAX_DECODE_UNIT_BYTES of B; then the fewest chunks that fix either (their ends the same
+    for every candidate tile's K step)."""
+    candidates = FP32_INVARIANT_CONFIGS if dtype == torch.float32 else HALF_INVARIANT_CONFIGS
+    units = devices.num_compute_units(device)
+    narrowest = min(config.block_n for config in candidates)
+    decode_tiles = -(-n // narrowest)
+    unit_bytes = narrowest * k * dtype.itemsize
+    choices = k_chunk_choices(k, {config.block_k for config in candidates})
+    fixed = (c for c in choices if 2 * decode_tiles * c >= units or unit_bytes <= c * MAX_DECODE_UNIT_BYTES)
+    return next(fixed, choices[-1])
 
 
 def select_invariant_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype, device: torch.device,
-                            *, allow_split_k: bool = True) -> TileConfig:
+                            *, allow_split_k: bool = True, warp_specialized: bool = False) -> TileConfig:
     """Batch-invariant launches: each output element summed in an order set by (N, K) alone,
-    whatever M and the batch count: K in a number of chunks fixed per (N, K), each ending at
-    the same K for every candidate tile's K step. K is cut into chunks only where a decode
-    launch could not otherwise keep half the SMs busy: the fewest chunks that let the
-    narrowest tile's columns do so (every launch of that (N, K) then pays a pipeline
-    restart per chunk and tiles that hold two accumulators). Then the tile, and whether the
-    chunks are split-K units, follow this launch's M by the cost model. No swap: the narrow
-    tiles' deep pipelines stream B for decode as normal mode's transposed tiles do."""
+    whatever M and the batch count: K in invariant_k_chunks chunks. Then the tile, and
+    whether the chunks are split-K units, follow this launch's M by the cost model
+    (warp_specialized: the launch may run on the warp-specialized kernel, whose chunks
+    restart cheaper; it changes the tile, never the chunks). No swap: the narrow tiles'
+    deep pipelines stream B for decode as normal mode's transposed tiles do."""
     if device.type == "cpu":
         return INTERPRETER_CONFIG
     candidates = FP32_INVARIANT_CONFIGS if dtype == torch.float32 else HALF_INVARIANT_CONFIGS
     units = devices.num_compute_units(device)
-    decode_tiles = -(-n // min(config.block_n for config in candidates))
-    choices = k_chunk_choices(k, {config.block_k for config in candidates})
-    chunks = next((c for c in choices if 2 * decode_tiles * c >= units), choices[-1])
-    return _invariant_choice(m, n, k, batches, chunks, candidates, units, allow_split_k)[1]
+    chunks = invariant_k_chunks(n, k, dtype, device)
+    return _invariant_choice(m, n, k, batches, chunks, candidates, units, allow_split_k, warp_specialized)

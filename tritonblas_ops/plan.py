@@ -339,7 +339,8 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         config = knobs.config
     elif batch_invariant:
         config = select_invariant_config(hint(m), hint(n), hint(k), hint(batches), dtype, device,
-                                         allow_split_k=not dynamic)
+                                         allow_split_k=not dynamic,
+                                         warp_specialized=warp_specialize and not traced and devices.has_wgmma(device))
     else:
         config = select_config(hint(m), hint(n), hint(k), hint(batches), dtype, device,
                                allow_split_k=not dynamic, allow_swap_ab=not dynamic)
