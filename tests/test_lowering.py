@@ -815,6 +815,28 @@ def test_fused_glu_becomes_one_gated_gemm(cpu_routing, leading, activation, gate
     assert f"activation='{activation}'" in fused_code
 
 
+@pytest.mark.parametrize("leading", [(32,), (2, 16)])
+def test_an_activation_read_only_by_pointwise_ops_saves_no_pass(cpu_routing, monkeypatch, leading):
+    """What policy "auto" is told a fused activation saves: nothing where only pointwise ops
+    read it (a GLU's activated gate, its gated fusion declined: Inductor computes the
+    activation in the product's kernel anyway), two passes where it is written for a GEMM
+    (GPT-2's GELU, read by the next linear) or a reduction."""
+    asked = []
+
+    def faster(device, dtype, batches, m, n, k, *, saved_passes=0, read_passes=0, **_):
+        asked.append((n, saved_passes, read_passes))
+        return saved_passes > 0 and read_passes == 0  # fusions that save a pass; no gated one
+
+    monkeypatch.setattr(R.policy, "faster", faster)
+    tritonblas_ops.set_policy("auto")
+    tritonblas_ops.fuse_epilogues(True)
+    with torch.no_grad():
+        _, glu_code = compile_and_run(GLU("silu"), randn(*leading, 16))
+        assert routed_calls(glu_code) == [] and (40, 0, 0) in asked and (40, 2, 0) not in asked
+        _, mlp_code = compile_and_run(MLP(), randn(*leading, 16))
+    assert sorted(routed_calls(mlp_code)) == ["ws_mm_act", "ws_mm_act"]
+
+
 class Activation(torch.nn.Module):
     def __init__(self, activation: str):
         super().__init__()

@@ -35,6 +35,7 @@ FUSED = [name for name in ACTIVATIONS if name != "none"]  # the activations a pa
 # The output-sized memory passes a fused epilogue saves (policy.py): an activation's,
 # gated product's or activation backward's pointwise kernel read the GEMM's output and
 # wrote its own; a residual add, which Inductor may fold into the next kernel, at least one.
+# An activation read only by pointwise ops saves none: Inductor computes it in their kernel.
 SAVED_BY_POINTWISE = 2
 SAVED_BY_RESIDUAL = 1
 
@@ -79,7 +80,26 @@ def _hint(size) -> int:
 
 
 def _fusable(match: pattern_matcher.Match) -> bool:
-    return _routes(match.kwargs["a"], match.kwargs["b"], match.kwargs.get("bias"))
+    saved = 0 if _read_only_by_pointwise(match.output_node()) else SAVED_BY_POINTWISE
+    return _routes(match.kwargs["a"], match.kwargs["b"], match.kwargs.get("bias"), saved_passes=saved)
+
+
+def _read_only_by_pointwise(node: torch.fx.Node) -> bool:
+    """Whether every reader of an activation's output (through views) is a pointwise op:
+    Inductor then computes the activation inside its readers' kernel, so fusing it into the
+    GEMM saves no memory pass (SwiGLU's silu(gate), read by the product whose gated fusion
+    routing declined)."""
+    readers = list(node.users)
+    for reader in readers:
+        target = reader.target
+        if reader.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            return False
+        if target.is_view or target is torch.ops.aten._unsafe_view.default:
+            if not _read_only_by_pointwise(reader):
+                return False
+        elif torch.Tag.pointwise not in target.tags:
+            return False
+    return bool(readers)
 
 
 def _gated_fusable(match: pattern_matcher.Match) -> bool:
