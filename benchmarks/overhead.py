@@ -1,5 +1,7 @@
 """Host cost of one eager call: torch.ops.tritonblas.ws_mm against torch.mm on a tiny GEMM,
-where the GPU work is a few microseconds and the host path is what a user waits for."""
+where the GPU work is a few microseconds and the host path is what a user waits for; and
+the ops routing puts in place of addmm (ws_addmm) and of addmm + tanh GELU (ws_mm_act),
+against those: what a routed GEMM adds to a compiled step without CUDA graphs."""
 
 import time
 
@@ -30,13 +32,24 @@ for _key in ("CPU", "CUDA"):
     _FLOOR_LIBRARY.impl("empty_mm", _empty_mm, _key)
 
 
+_rows: dict = {}  # (device, dtype, columns) -> a bias row, made once
+
+
+def _bias(a, b) -> torch.Tensor:
+    key = (a.device, a.dtype, b.shape[1])
+    if key not in _rows:
+        _rows[key] = torch.randn(b.shape[1], dtype=a.dtype, device=a.device)
+    return _rows[key]
+
+
 def providers() -> dict:
     """name -> f(a, b). `ws` is the Python entry point under the op, to split the op's
     dispatch cost from the launcher's; `ws_uncached` passes a knob (the default shard
     count), which skips the cached plan: every decision and Triton's own launch, each call;
     `ws_checked` is a checked launch (a synchronization and two counter read-backs each);
-    `python_op_floor` launches nothing (above). With TRITONBLAS_OPS_FAST_PATHS=0 the names
-    end in `_public`: every call then takes the public APIs (fastpath.py)."""
+    `python_op_floor` launches nothing (above); `ws_addmm_op` and `ws_mm_act_op` (bias, tanh
+    GELU) beside their counterparts (providers.OVERHEAD_BASELINES). With TRITONBLAS_OPS_FAST_PATHS=0 the ws names end in
+    `_public`: every call then takes the public APIs (fastpath.py)."""
     suffix = "" if fastpath.ENABLED else "_public"
     return {
         TORCH_MM: torch.mm,
@@ -45,6 +58,11 @@ def providers() -> dict:
         WORK_STEALING + suffix: ws_matmul,
         "ws_uncached" + suffix: lambda a, b: ws_matmul(a, b, num_shards=default_num_shards(a.device)),
         "ws_checked" + suffix: _checked_call,
+        "torch_addmm": lambda a, b: torch.addmm(_bias(a, b), a, b),
+        "ws_addmm_op" + suffix: lambda a, b: torch.ops.tritonblas.ws_addmm(_bias(a, b), a, b),
+        "addmm_gelu": lambda a, b: torch.nn.functional.gelu(torch.addmm(_bias(a, b), a, b), approximate="tanh"),
+        "ws_mm_act_op" + suffix: lambda a, b: torch.ops.tritonblas.ws_mm_act(a, b, _bias(a, b),
+                                                                              activation="gelu_tanh"),
     }
 
 

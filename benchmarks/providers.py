@@ -16,6 +16,8 @@ STATIC = "static"  # the same kernel and tile body, tiles assigned statically
 WORK_STEALING = "ws"
 INDUCTOR = "inductor"
 TRITON_KERNEL = "ws_triton_kernel"
+# Host-time providers (overhead.py) compared with Inductor's default counterpart, not torch.mm
+OVERHEAD_BASELINES = {"ws_addmm_op": "torch_addmm", "ws_mm_act_op": "addmm_gelu"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 import math
 
-from benchmarks.providers import STATIC, TORCH_MM, WORK_STEALING
+from benchmarks.providers import OVERHEAD_BASELINES, STATIC, TORCH_MM, WORK_STEALING
 from benchmarks.results import Row
 
 
@@ -68,5 +68,6 @@ def overhead_table(rows: list[Row]) -> str:
     lines = [f"host wall time per eager call, {rows[0].shape} {rows[0].dtype} (us; p20 / p50 / p80 over trials)"]
     lines += [f"  {p:<12}{r.p20_ms * 1e3:>8.1f}{r.p50_ms * 1e3:>8.1f}{r.p80_ms * 1e3:>8.1f}" for p, r in cell.items()]
     for p in (p for p in cell if p != TORCH_MM):
-        lines.append(f"  {p} - torch_mm = {(cell[p].p50_ms - cell[TORCH_MM].p50_ms) * 1e3:+.1f} us per call")
+        base = next((b for name, b in OVERHEAD_BASELINES.items() if p.startswith(name) and b in cell), TORCH_MM)
+        lines.append(f"  {p} - {base} = {(cell[p].p50_ms - cell[base].p50_ms) * 1e3:+.1f} us per call")
     return "\n".join(lines)

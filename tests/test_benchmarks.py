@@ -63,7 +63,8 @@ def test_overhead_smoke_run_times_every_provider(tmp_path):
     bench.main(["--smoke", "--overhead", "--out", str(out)])
     rows = list(csv.DictReader(out.open()))
     assert {row["provider"] for row in rows} == {
-        "torch_mm", "ws_op", "ws", "ws_uncached", "ws_checked", overhead.PYTHON_OP_FLOOR}
+        "torch_mm", "ws_op", "ws", "ws_uncached", "ws_checked", overhead.PYTHON_OP_FLOOR,
+        "torch_addmm", "ws_addmm_op", "addmm_gelu", "ws_mm_act_op"}
     assert all(0 < float(row["p20_ms"]) <= float(row["p50_ms"]) <= float(row["p80_ms"]) for row in rows)
 
 
