@@ -48,8 +48,9 @@ def providers() -> dict:
     count), which skips the cached plan: every decision and Triton's own launch, each call;
     `ws_checked` is a checked launch (a synchronization and two counter read-backs each);
     `python_op_floor` launches nothing (above); `ws_addmm_op` and `ws_mm_act_op` (bias, tanh
-    GELU) beside their counterparts (providers.OVERHEAD_BASELINES). With TRITONBLAS_OPS_FAST_PATHS=0 the ws names end in
-    `_public`: every call then takes the public APIs (fastpath.py)."""
+    GELU) beside their counterparts (providers.OVERHEAD_BASELINES). With
+    TRITONBLAS_OPS_FAST_PATHS=0 the ws names end in `_public`: every call then takes the
+    public APIs (fastpath.py)."""
     suffix = "" if fastpath.ENABLED else "_public"
     return {
         TORCH_MM: torch.mm,
