@@ -23,7 +23,7 @@ def m_dependent_selector(m, n, k, batches, dtype, device, *, allow_split_k=True,
     return TileConfig(32, 32, 32, num_warps=4, num_stages=1)
 
 
-def chunked_invariant_selector(m, n, k, batches, dtype, device, *, allow_split_k=True):
+def chunked_invariant_selector(m, n, k, batches, dtype, device, *, allow_split_k=True, warp_specialized=False):
     """Batch-invariant configs on the CPU with K in chunks, split-K units for few rows (as
     the GPU's cost model would pick) and summed inside each tile otherwise."""
     config = TileConfig(32, 32, 16, num_warps=4, num_stages=1, k_chunks=3)
