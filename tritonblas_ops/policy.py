@@ -16,9 +16,10 @@ timing at run time:
   fold into the next kernel), at the best bandwidth measured there; and where it reads an
   output-sized operand (`read_passes`: a gate, a pre-activation, a residual), that read
   costs the kernel more than it cost the pointwise kernel (EPILOGUE_OPERAND_GBPS);
-- a GEMM whose predicted time is below the op's host time per call is bound by the host,
-  where the opaque op costs more than torch.mm: not routed, unless the graph is compiled
-  for CUDA graphs (`mode="reduce-overhead"`), whose replays pay no host time per GEMM.
+- a GEMM whose predicted time is below HOST_BOUND_MULTIPLE times the op's host time per
+  call runs where the step is bound by the host, and the opaque op costs the host more than
+  what it replaces: not routed, unless the graph is compiled for CUDA graphs
+  (`mode="reduce-overhead"`), whose replays pay no host time per GEMM.
 Not routed either: a GPU without measurements (warned once per device), batched and grouped
 GEMMs (none measured yet), FP32 without TF32, and any GEMM without a measured neighbour.
 Each decision and its reason is logged at DEBUG to the "tritonblas_ops.policy" logger.
@@ -45,6 +46,11 @@ NEIGHBOURHOOD = 1.0  # log2 of the largest factor between a neighbour's size and
 # 1665-2715, GELU's slope 985-1403: its erf is paid per element too; a residual 796-6802).
 # The low end, to route only where the fused op wins.
 EPILOGUE_OPERAND_GBPS = 800.0
+# Without CUDA graphs a compiled step of short kernels is bound by the host: on an H100 the
+# GPT-2 MLP's forward (kernels of 30-60 us) issued 144 us of host time for a 169 us step,
+# and routing its 61 us GEMM added ~37 us of host time and lost 9-29% (NOTES.md step 50).
+# A routed GEMM must run this many op host times (~100 us) for what it adds to hide behind it.
+HOST_BOUND_MULTIPLE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +132,8 @@ def _decide(gpu: dict, dtype, batches, m, n, k, saved_passes, read_passes, group
         return False, "no measured shape within 2x"
     times = (f"kernel {predicted.kernel_us:.1f} us + {predicted.read_us:.1f} us of epilogue reads, "
              f"cuBLAS {predicted.cublas_us:.1f} us + {predicted.saved_us:.1f} us saved by the fused epilogue")
-    if predicted.kernel_us < gpu["host_us"] and not graphed:
-        return False, f"{times}: under the op's host time ({gpu['host_us']} us)"
+    if predicted.kernel_us < HOST_BOUND_MULTIPLE * gpu["host_us"] and not graphed:
+        return False, f"{times}: under {HOST_BOUND_MULTIPLE}x the op's host time ({gpu['host_us']} us), no CUDA graphs"
     return predicted.routes, times
 
 
