@@ -105,8 +105,11 @@ def bias_broadcasts(shape, out_shape) -> bool:
 
 
 def _check_bias(bias: Tensor, a: Tensor, b: Tensor, op: str = "ws_addmm", name: str = "bias") -> None:
-    _check_tensor(op, name, bias)
     out_shape = (a.shape[0], b.shape[1])
+    if (type(bias) in _PLAIN_TENSORS and bias.layout == torch.strided and bias.dtype == a.dtype
+            and bias.device == a.device and bias_broadcasts(bias.shape, out_shape)):
+        return  # every check below in one expression, for real tensors (the eager hot path)
+    _check_tensor(op, name, bias)
     _check(
         bias.dtype == a.dtype,
         lambda: f"{op}: {name} must have the dtype of a and b ({a.dtype}), got {bias.dtype}",
