@@ -266,16 +266,14 @@ def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candida
     return best[1]
 
 
-def invariant_k_chunks(n: int, k: int, dtype: torch.dtype, device: torch.device) -> int:
-    """The K chunk count of every batch-invariant launch of an (N, K): 1 unless a decode
-    launch's narrowest tiles would fill fewer than half the SMs and each stream more than
-    MAX_DECODE_UNIT_BYTES of B; then the fewest chunks that fix either (their ends the same
-    for every candidate tile's K step)."""
-    candidates = FP32_INVARIANT_CONFIGS if dtype == torch.float32 else HALF_INVARIANT_CONFIGS
-    units = devices.num_compute_units(device)
+def invariant_k_chunks(n: int, k: int, element_size: int, candidates, units: int) -> int:
+    """The K chunk count of every batch-invariant launch of an (N, K) on `units` SMs: 1
+    unless a decode launch's narrowest candidate tiles would fill fewer than half the SMs
+    and each stream more than MAX_DECODE_UNIT_BYTES of B; then the fewest chunks that fix
+    either (their ends the same for every candidate tile's K step)."""
     narrowest = min(config.block_n for config in candidates)
     decode_tiles = -(-n // narrowest)
-    unit_bytes = narrowest * k * dtype.itemsize
+    unit_bytes = narrowest * k * element_size
     choices = k_chunk_choices(k, {config.block_k for config in candidates})
     fixed = (c for c in choices if 2 * decode_tiles * c >= units or unit_bytes <= c * MAX_DECODE_UNIT_BYTES)
     return next(fixed, choices[-1])
@@ -293,5 +291,5 @@ def select_invariant_config(m: int, n: int, k: int, batches: int, dtype: torch.d
         return INTERPRETER_CONFIG
     candidates = FP32_INVARIANT_CONFIGS if dtype == torch.float32 else HALF_INVARIANT_CONFIGS
     units = devices.num_compute_units(device)
-    chunks = invariant_k_chunks(n, k, dtype, device)
+    chunks = invariant_k_chunks(n, k, dtype.itemsize, candidates, units)
     return _invariant_choice(m, n, k, batches, chunks, candidates, units, allow_split_k, warp_specialized)
