@@ -46,7 +46,8 @@ constexpr const char* kWsAddmm =
     "-> Tensor";
 constexpr const char* kWsBmm = "tritonblas::ws_bmm(Tensor a, Tensor b) -> Tensor";
 constexpr const char* kWsMmAct =
-    "tritonblas::ws_mm_act(Tensor a, Tensor b, Tensor? bias, *, str activation) -> Tensor";
+    "tritonblas::ws_mm_act(Tensor a, Tensor b, Tensor? bias, *, str activation, float alpha=1.) "
+    "-> Tensor";
 constexpr const char* kWsMmGated =
     "tritonblas::ws_mm_gated(Tensor a, Tensor b, Tensor gate, *, str activation) -> Tensor";
 constexpr const char* kWsGroupedMm =
@@ -211,7 +212,8 @@ at::Tensor activated(const at::Tensor& x, c10::string_view activation) {
 }
 
 at::Tensor ws_mm_act(const at::Tensor& a, const at::Tensor& b,
-                     const std::optional<at::Tensor>& bias, c10::string_view activation) {
+                     const std::optional<at::Tensor>& bias, c10::string_view activation,
+                     double alpha) {
   check_operands("ws_mm_act", a, b, 2);
   if (bias.has_value()) {
     check_bias(*bias, a, b, "ws_mm_act");
@@ -220,7 +222,10 @@ at::Tensor ws_mm_act(const at::Tensor& a, const at::Tensor& b,
   if (a.is_meta()) {
     return at::empty_symint({a.sym_size(0), b.sym_size(1)}, a.options());
   }
-  return activated(bias.has_value() ? at::addmm(*bias, a, b) : at::mm(a, b), activation);
+  const at::Tensor product = bias.has_value() ? at::addmm(*bias, a, b, 1, alpha)
+                             : alpha == 1    ? at::mm(a, b)
+                                             : at::mul(at::mm(a, b), alpha);
+  return activated(product, activation);
 }
 
 at::Tensor ws_mm_gated(const at::Tensor& a, const at::Tensor& b, const at::Tensor& gate,

@@ -916,6 +916,60 @@ def test_residual_adds_go_into_the_gemms_epilogue(cpu_routing):
         assert_matches(got.grad, want.grad, REL_TOLERANCE[torch.float32])
 
 
+class Scaled(torch.nn.Module):
+    """A LoRA-adapted projection as PEFT computes it, base(x) + up(down(x)) * scaling, and a
+    projection divided by a number on its way out."""
+
+    def __init__(self):
+        super().__init__()
+        self.base, self.down = torch.nn.Linear(16, 24, bias=False), torch.nn.Linear(16, 4, bias=False)
+        self.up, self.head = torch.nn.Linear(4, 24, bias=False), torch.nn.Linear(24, 16, bias=False)
+
+    def forward(self, x):
+        return self.head(self.base(x) + self.up(self.down(x)) * 2.0) / 4
+
+
+# input's leading dimensions: the routed calls without and with fusion. On 2-D input
+# Inductor makes the base GEMM and the add an addmm itself, the scaled update its bias.
+SCALED_CASES = {(32,): (["ws_addmm", "ws_mm", "ws_mm", "ws_mm"], ["ws_addmm", "ws_mm", "ws_mm_act", "ws_mm_act"]),
+                (2, 16): (["ws_mm"] * 4, ["ws_mm", "ws_mm", "ws_mm_act", "ws_mm_act"])}
+
+
+@pytest.mark.parametrize("leading", list(SCALED_CASES))
+def test_scales_go_into_the_gemms_epilogue(cpu_routing, leading):
+    """A GEMM's output times or over a number becomes ws_mm_act(a, b, None, alpha=scale);
+    on 3-D input LoRA's scaled update added to the base projection becomes ws_mm_act(h,
+    w_up, base, alpha=scaling) (the scaled residual, not the plain one on the base GEMM,
+    which would leave the scale's kernel); fewer C++ kernels, float64's values within fp32
+    tolerance, bitwise run to run; a training step's gradients too."""
+    torch.manual_seed(0)
+    x = randn(*leading, 16)
+    fused_code = check_fusion(Scaled(), x, *SCALED_CASES[leading])
+    assert "alpha=2.0" in fused_code and "alpha=0.25" in fused_code
+    model = Scaled()
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(lambda: torch.compile(model)(x).square().sum().backward())
+    assert "alpha=2.0" in codes[0] and "alpha=0.25" in codes[0]
+    reference = copy.deepcopy(model).double()
+    reference(x.double()).square().sum().backward()
+    for got, want in zip(model.parameters(), reference.parameters()):
+        assert_matches(got.grad, want.grad, REL_TOLERANCE[torch.float32])
+
+
+def test_a_scale_that_is_no_number_stays_apart(cpu_routing):
+    """A GEMM's output times a tensor, or over zero, is Inductor's kernel."""
+    tritonblas_ops.fuse_epilogues(True)
+    x, w = randn(32, 16), randn(16, 24)
+    with torch.no_grad():
+        for scale in (randn(()), randn(24), 0.0):
+            out, code = compile_and_run(lambda x: (x @ w) / scale, x)
+            assert routed_calls(code) == ["ws_mm"] and "alpha" not in code, scale
+            if isinstance(scale, torch.Tensor):
+                assert_matches(out, x.double() @ w.double() / scale.double(), REL_TOLERANCE[torch.float32])
+            else:  # over zero: +-inf by the product's signs (none is zero)
+                assert torch.equal(out, (x.double() @ w.double() / scale).float())
+
+
 def test_an_addend_that_is_no_epilogue_bias_stays_apart(cpu_routing):
     """An addend of another dtype, or one that broadens the product, is Inductor's add."""
     tritonblas_ops.fuse_epilogues(True)
@@ -964,9 +1018,21 @@ def test_fused_epilogues_in_the_inline_form():
     assert re.findall(r"^cpp_fused_\w+ = async_compile\.cpp_pybinding\((\[.*?\])", code, re.M) == ["['int32_t*']"]
 
 
-def _inline_fused(code: str, activations: set, gates: int) -> bool:
-    """The inline form's code holds three routed kernels, these activations and `gates` gated ones."""
-    return (len(routed_calls(code)) == 3 and activations <= set(re.findall(r"'ACTIVATION': '(\w+)'", code))
+def test_scaled_residual_in_the_inline_form():
+    """Under the inline path a scaled GEMM added to a tensor is the kernel itself, the scale
+    its alpha and the addend its bias operand: no pointwise kernel (code generation only)."""
+    settings.update(path="inline", cpu=True, inline_cpu=True, fuse_epilogues=True)
+    w, residual = randn(16, 24), randn(32, 24)
+    with torch.no_grad():
+        code = generated_code_only(lambda x: residual + (x @ w) * 3.0, randn(32, 16))
+    launch = re.search(r"ws_matmul_kernel_\d+\.run\((.*)\)", code).group(1).split(", ")
+    assert routed_calls(code) == ["ws_matmul_kernel"] and "3.0" in launch
+    assert re.findall(r"^cpp_fused_\w+ = async_compile\.cpp_pybinding\((\[.*?\])", code, re.M) == ["['int32_t*']"]
+
+
+def _inline_fused(code: str, kernels: int, activations: set, gates: int) -> bool:
+    """The inline form's code holds `kernels` routed kernels, these activations and `gates` gated ones."""
+    return (len(routed_calls(code)) == kernels and activations <= set(re.findall(r"'ACTIVATION': '(\w+)'", code))
             and re.findall(r"'GATE': (\w+)", code).count("True") == gates)
 
 
@@ -975,6 +1041,7 @@ GPU_FUSION_CASES = {
     "mlp": (MLP, ["ws_addmm", "ws_mm_act", "ws_mm_act"], {"gelu_tanh", "silu"}, 0),
     "glu": (GLU, ["ws_mm", "ws_mm", "ws_mm_gated"], {"silu"}, 1),
     "residual": (Residual, ["ws_mm_act", "ws_mm_act", "ws_mm_act"], {"relu", "none"}, 0),
+    "scaled": (Scaled, ["ws_mm", "ws_mm", "ws_mm_act", "ws_mm_act"], {"none"}, 0),
 }
 
 
@@ -983,7 +1050,8 @@ GPU_FUSION_CASES = {
 @pytest.mark.parametrize("path", ["opaque", "inline"])
 def test_gpu_fused_epilogues(path, model):
     """On the GPU, in both paths, bf16 on 3-D input (the GEMMs' outputs are viewed): the
-    MLP's activations and the Llama MLP's gated product go into the GEMMs' epilogues (op
+    MLP's activations, the Llama MLP's gated product, residual adds and scales (LoRA's) go
+    into the GEMMs' epilogues (op
     calls, or kernels with ACTIVATION and GATE set), and the result is as close to a float64
     run as the unfused routed one is (plus a floor)."""
     cls, calls, fused_activations, gates = GPU_FUSION_CASES[model]
@@ -1000,7 +1068,7 @@ def test_gpu_fused_epilogues(path, model):
     if path == "opaque":
         assert sorted(routed_calls(code)) == calls
     else:
-        assert _inline_fused(code, fused_activations, gates)
+        assert _inline_fused(code, len(calls), fused_activations, gates)
     assert rel_error(fused, reference) <= rel_error(plain, reference) + 1e-2
 
 

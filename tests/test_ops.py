@@ -37,6 +37,9 @@ def op_cases():
     yield "ws_mm_act", (a, transposed(b), torch.randn(19, 1)), {"activation": "gelu"}
     yield "ws_mm_act", (a, b, bias), {"activation": "relu"}
     yield "ws_mm_act", (a, b, torch.randn(19, 29)), {"activation": "none"}  # a residual fused
+    yield "ws_mm_act", (a, b, torch.randn(19, 29)), {"activation": "none", "alpha": 0.5}  # LoRA's update
+    yield "ws_mm_act", (transposed(a), b, None), {"activation": "none", "alpha": -3.0}  # a scale
+    yield "ws_mm_act", (a, b, bias), {"activation": "gelu", "alpha": 0.25}
     yield "ws_mm_gated", (a, b, torch.randn(19, 29)), {"activation": "silu"}
     yield "ws_mm_gated", (transposed(a), b, torch.randn(19, 29)), {"activation": "gelu_tanh"}
     yield "ws_mm_gated", (a, transposed(b), bias), {"activation": "gelu"}
@@ -46,9 +49,10 @@ def op_cases():
     yield "ws_mm_gated", (a, transposed(b), torch.randn(19, 29)), {"activation": "d_gelu"}
 
 
-def mm_act(a, b, bias, *, activation):
+def mm_act(a, b, bias, *, activation, alpha=1.0):
     """ws_mm_act's meaning in aten ops."""
-    return activations.apply(torch.mm(a, b) if bias is None else torch.addmm(bias, a, b), activation)
+    product = torch.mm(a, b) * alpha if bias is None else torch.addmm(bias, a, b, alpha=alpha)
+    return activations.apply(product, activation)
 
 
 def mm_gated(a, b, gate, *, activation):
@@ -213,6 +217,8 @@ def jvp_cases():
     yield "ws_bmm", torch.bmm, (a3, b3), {}
     yield "ws_mm_act", mm_act, (a, b, bias), {"activation": "gelu_tanh"}
     yield "ws_mm_act", mm_act, (a, b), {"bias": None, "activation": "silu"}
+    yield "ws_mm_act", mm_act, (a, b, bias), {"activation": "silu", "alpha": -0.5}
+    yield "ws_mm_act", mm_act, (a, b, torch.randn(19, 29)), {"activation": "none", "alpha": 2.0}
     yield "ws_mm_gated", mm_gated, (a, b, torch.randn(19, 29)), {"activation": "silu"}
     yield "ws_mm_gated", mm_gated, (a, b, bias), {"activation": "gelu"}
     yield "ws_mm_gated", mm_gated, (a, b, torch.randn(19, 29)), {"activation": "d_gelu"}

@@ -4,7 +4,10 @@ call, whose kernel applies the activation in its epilogue; and a gated linear un
 act(gate) * (x @ w_up), the GEMM's output read only by the product, becomes one
 ws_mm_gated call, whose epilogue multiplies by the activated gate; so does a training
 backward's GELU or SiLU backward of a GEMM's output (the gradient into the activation),
-whose epilogue multiplies by the activation's slope at the saved pre-activation.
+whose epilogue multiplies by the activation's slope at the saved pre-activation. A GEMM's
+output added to a tensor (a residual), multiplied or divided by a number (a scale), or
+both (LoRA's base(x) + up(down(x)) * scaling), becomes ws_mm_act(a, b, addend,
+activation="none", alpha=scale).
 
 A post-grad pass, run by lowering's cache-key pass (so the setting is in the compiled-code
 cache keys). Post-grad graphs hold activations as Inductor's decompositions leave them
@@ -42,9 +45,11 @@ SAVED_BY_RESIDUAL = 1
 
 def fuse(graph: torch.fx.Graph) -> int:
     """Replace every fusable gated product, then every GEMM + activation, then every GEMM +
-    residual of a post-grad graph; returns how many. Gated first: a GLU's gate GEMM also
-    matches GEMM + activation, and fusing that would leave the product's kernel in place;
-    residual last: an activation's bias added after the GEMM would also match it."""
+    (scaled) residual, then every scaled GEMM of a post-grad graph; returns how many. Gated
+    first: a GLU's gate GEMM also matches GEMM + activation, and fusing that would leave the
+    product's kernel in place; residual after activations: an activation's bias added after
+    the GEMM would also match it; a scaled residual before its scale alone, which would
+    leave the add's kernel."""
     state = settings.current()
     if not (state.enabled and state.fuse_epilogues):
         return 0
@@ -130,13 +135,15 @@ def _replace_with_op(activation: str, viewed: bool):
     return replace
 
 
-def _substitute(match: pattern_matcher.Match, op, args: tuple, activation: str, viewed: bool) -> None:
-    """The match's output replaced by op(*args, activation=activation), which gives the GEMM's
-    2-D output: viewed as the pattern viewed the GEMM's, where it did."""
+def _substitute(match: pattern_matcher.Match, op, args: tuple, activation: str, viewed: bool,
+                alpha: float = 1.0) -> None:
+    """The match's output replaced by op(*args, activation=activation[, alpha=alpha]), which
+    gives the GEMM's 2-D output: viewed as the pattern viewed the GEMM's, where it did."""
     out = match.output_node()
     graph = match.graph
     with graph.inserting_before(out):
-        fused = graph.call_function(op, args, {"activation": activation})
+        kwargs = {"activation": activation} if alpha == 1 else {"activation": activation, "alpha": alpha}
+        fused = graph.call_function(op, args, kwargs)
         if viewed:
             view = _matched_view(match)
             fused.meta["val"] = view.args[0].meta["val"]
@@ -184,13 +191,14 @@ _built: tuple | None = None
 
 
 def _patterns() -> tuple:
-    """The gated, the activation and the residual patterns, traced on first use (every
-    activation, with and without a bias, for each dtype, whose decompositions may differ):
-    once, whichever thread compiles first."""
+    """The gated, the activation, the residual and the scale patterns, traced on first use
+    (every activation, with and without a bias, for each dtype, whose decompositions may
+    differ): once, whichever thread compiles first."""
     global _built
     with _lock:
         if _built is None:
-            _built = _trace_gated_patterns(), _trace_patterns(), _trace_residual_patterns()
+            _built = (_trace_gated_patterns(), _trace_patterns(), _trace_residual_patterns(),
+                      _trace_scale_patterns())
         return _built
 
 
@@ -218,7 +226,7 @@ def _variants():
     sizes) or not."""
     for activation, viewed in itertools.product(FUSED, (False, True)):
         apply = functools.partial(activations.apply, activation=activation)
-        yield activation, viewed, apply, (lambda x: x.view(2, 4, 8)) if viewed else (lambda x: x)
+        yield activation, viewed, apply, _view(viewed)
 
 
 def _register(patterns, search, example: tuple, viewed: bool, extra_check, replace) -> None:
@@ -294,11 +302,14 @@ def _trace_gated_patterns() -> pattern_matcher.PatternMatcherPass:
     return patterns
 
 
-def _residual_fusable(viewed: bool):
+def _residual_fusable(viewed: bool, scaled: bool = False):
     """The addend can be the epilogue's bias: a tensor of the product's dtype and device that
     broadcasts to its (M, N) shape, or, behind the view, one of the view's full shape (read
-    back in (M, N)); nothing else reads the product (the matcher's rule)."""
+    back in (M, N)); nothing else reads the product (the matcher's rule); `scaled`: the
+    product's scale is a number (_scale_of)."""
     def check(match: pattern_matcher.Match) -> bool:
+        if scaled and _scale_of(match) is None:
+            return False
         addend = match.kwargs["addend"]
         value = addend.meta.get("val") if isinstance(addend, torch.fx.Node) else None
         a = match.kwargs["a"].meta.get("val")
@@ -318,38 +329,105 @@ def _residual_fusable(viewed: bool):
     return check
 
 
-def _replace_with_residual(viewed: bool):
-    """mm(a, b) + addend (perhaps viewed) becomes ws_mm_act(a, b, addend, activation="none"),
-    a full-shape addend behind the view read in the product's 2-D shape."""
+def _replace_with_residual(viewed: bool, scaled: bool = False):
+    """mm(a, b) + addend (perhaps viewed; `scaled`: the product scaled first) becomes
+    ws_mm_act(a, b, addend, activation="none", alpha=scale), a full-shape addend behind the
+    view read in the product's 2-D shape."""
     def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
         addend = kwargs["addend"]
         if viewed and addend.meta["val"].dim() > 1:
             addend = _read_as_product(match, addend)
-        _substitute(match, torch.ops.tritonblas.ws_mm_act.default, (kwargs["a"], kwargs["b"], addend), "none", viewed)
+        _substitute(match, torch.ops.tritonblas.ws_mm_act.default, (kwargs["a"], kwargs["b"], addend), "none",
+                    viewed, _scale_of(match) if scaled else 1.0)
 
     return replace
 
 
-def _residual_searches(view):
+def _residual_searches(product):
     """The search functions of a residual add, either order (their parameters name the
-    pattern's inputs)."""
+    pattern's inputs); `product(a, b)`: the GEMM's output as the add reads it."""
     def product_first(a, b, addend):
-        return view(torch.mm(a, b)) + addend
+        return product(a, b) + addend
 
     def addend_first(a, b, addend):
-        return addend + view(torch.mm(a, b))
+        return addend + product(a, b)
 
     return product_first, addend_first
 
 
 def _trace_residual_patterns() -> pattern_matcher.PatternMatcherPass:
-    """mm(a, b) + addend, either order, the product perhaps viewed: a residual connection
-    after a projection (or a bias Inductor left apart from its GEMM), for every dtype."""
+    """mm(a, b) + addend, either order, the product perhaps viewed and perhaps scaled first
+    (those registered first: the unscaled pattern would also match a scaled product's add,
+    with the other operand as its GEMM): a residual connection after a projection (or a bias
+    Inductor left apart from its GEMM, or LoRA's scaled update), for every dtype."""
     patterns = pattern_matcher.PatternMatcherPass()
-    for viewed in (False, True):
-        view = (lambda x: x.view(2, 4, 8)) if viewed else (lambda x: x)
-        for dtype, search in itertools.product(SUPPORTED_DTYPES, _residual_searches(view)):
-            example = (torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype),
-                       torch.empty((2, 4, 8) if viewed else (8, 8), dtype=dtype))
-            _register(patterns, search, example, viewed, _residual_fusable(viewed), _replace_with_residual(viewed))
+    for scaled, viewed in itertools.product((True, False), (False, True)):
+        view = _view(viewed)
+        products = ([_product_search(scale, view) for scale in _SCALE_SEARCHES] if scaled
+                    else [_product_search(lambda x: x, view)])
+        for dtype, product in itertools.product(SUPPORTED_DTYPES, products):
+            for search in _residual_searches(product):
+                example = (torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype),
+                           torch.empty((2, 4, 8) if viewed else (8, 8), dtype=dtype))
+                _register(patterns, search, example, viewed, _residual_fusable(viewed, scaled),
+                          _replace_with_residual(viewed, scaled))
     return patterns
+
+
+def _view(viewed: bool):
+    """The view a pattern applies to the GEMM's output (a Linear's on 3-D input), or none."""
+    return (lambda x: x.view(2, 4, 8)) if viewed else (lambda x: x)
+
+
+# A scale as a model writes one; the traced pattern matches any number in its place.
+_SCALE_SEARCHES = (lambda x: x * 0.5, lambda x: x / 4)
+_SCALES = (torch.ops.aten.mul.Tensor, torch.ops.aten.div.Tensor)
+
+
+def _scale_of(match: pattern_matcher.Match) -> float | None:
+    """The match's scale as the epilogue's alpha (a multiplier, or one over a divisor), or
+    None unless it is a Python number (a tensor, a bool or a zero divisor is not fused)."""
+    node = next(node for node in match.nodes if node.target in _SCALES)
+    factor = node.args[1]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        return None
+    if node.target is torch.ops.aten.div.Tensor:
+        return 1.0 / factor if factor != 0 else None
+    return float(factor)
+
+
+def _scale_fusable(match: pattern_matcher.Match) -> bool:
+    """The scale is a number and routing takes the GEMM; it saves passes as an activation
+    does (nothing where only pointwise ops read the scaled output: Inductor computes the
+    scale in their kernel)."""
+    saved = 0 if _read_only_by_pointwise(match.output_node()) else SAVED_BY_POINTWISE
+    return _scale_of(match) is not None and _routes(match.kwargs["a"], match.kwargs["b"], None, saved_passes=saved)
+
+
+def _replace_with_scaled(viewed: bool):
+    """mm(a, b) * scale (perhaps viewed) becomes ws_mm_act(a, b, None, activation="none",
+    alpha=scale)."""
+    def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
+        _substitute(match, torch.ops.tritonblas.ws_mm_act.default, (kwargs["a"], kwargs["b"], None), "none",
+                    viewed, _scale_of(match))
+
+    return replace
+
+
+def _trace_scale_patterns() -> pattern_matcher.PatternMatcherPass:
+    """mm(a, b) * scale or / scale, the product perhaps viewed, for every dtype: a scaled
+    projection (muP's output multiplier, an attention-style 1/sqrt(d))."""
+    patterns = pattern_matcher.PatternMatcherPass()
+    for viewed, scale, dtype in itertools.product((False, True), _SCALE_SEARCHES, SUPPORTED_DTYPES):
+        example = (torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype))
+        _register(patterns, _product_search(scale, _view(viewed)), example, viewed, _scale_fusable,
+                  _replace_with_scaled(viewed))
+    return patterns
+
+
+def _product_search(finish, view):
+    """The search function of finish(view(mm(a, b))) (its parameters name the pattern's inputs)."""
+    def search(a, b):
+        return finish(view(torch.mm(a, b)))
+
+    return search

@@ -216,7 +216,8 @@ def _emit_inline(a, b, bias, alpha: float, beta: float, activation: str = "none"
         if activation != "none":  # K = 0 under an epilogue: rare enough for the op call
             base, gated = split_epilogue(activation)
             op = torch.ops.tritonblas.ws_mm_gated if gated else torch.ops.tritonblas.ws_mm_act
-            return _emit_opaque(op.default, a, b, bias, activation=base)
+            return _emit_opaque(op.default, a, b, bias, activation=base,
+                                **({"alpha": alpha} if alpha != 1 and not gated else {}))
         if the_plan.keep_bias:
             return L[aten.expand.default](L[aten.mul.Tensor](bias, beta), out_shape)
         return L[aten.full.default](out_shape, 0, dtype=dtype, device=device)
@@ -304,6 +305,8 @@ def _emit(op, a, b, bias=None, *, beta=1.0, alpha=1.0, activation=None, gated=Fa
         epilogue = (GATE_PREFIX if gated else "") + (activation or "none")
         return _emit_inline(a, b, bias, float(alpha), float(beta), epilogue)
     if activation is not None:
+        if alpha != 1:
+            return _emit_opaque(op, a, b, bias, activation=activation, alpha=float(alpha))
         return _emit_opaque(op, a, b, bias, activation=activation)
     if bias is None:
         return _emit_opaque(op, a, b)
@@ -354,10 +357,11 @@ _ROUTES = {aten.mm.default: _route_mm, aten.addmm.default: _route_addmm, aten.bm
            aten._grouped_mm.default: _route_grouped_mm}
 
 
-def _lower_mm_act(a, b, bias, *, activation):
+def _lower_mm_act(a, b, bias, *, activation, alpha=1.0):
     """ws_mm_act, which epilogue fusion puts in the graph (routing took its GEMM): the op
-    call, or under the inline path the kernel with the activation in its epilogue."""
-    return _emit(torch.ops.tritonblas.ws_mm_act.default, a, b, bias, activation=activation)
+    call, or under the inline path the kernel with the scale, bias and activation in its
+    epilogue."""
+    return _emit(torch.ops.tritonblas.ws_mm_act.default, a, b, bias, activation=activation, alpha=alpha)
 
 
 def _lower_mm_gated(a, b, gate, *, activation):

@@ -194,27 +194,37 @@ def _ws_addmm_backward(ctx, grad):
 
 
 def _save_inputs_and_activation(ctx, inputs, keyword_only_inputs, output):
-    """ws_mm_act's (a, b, bias) or ws_mm_gated's (a, b, gate), and the activation."""
+    """ws_mm_act's (a, b, bias) or ws_mm_gated's (a, b, gate), the activation and (ws_mm_act)
+    alpha."""
     ctx.save_for_backward(*inputs)
     ctx.activation = keyword_only_inputs["activation"]
+    ctx.alpha = keyword_only_inputs.get("alpha", 1.0)
 
 
-def _preactivation_slope(a, b, bias, activation):
-    """activation'(a @ b + bias), in fp32: the product recomputed, not kept from the forward
-    (the fused op writes only the activated output)."""
-    product = torch.ops.tritonblas.ws_mm(a, b) if bias is None else torch.ops.tritonblas.ws_addmm(bias, a, b)
-    return activations.derivative(product.float(), activation)
+def _preactivation_slope(a, b, bias, activation, alpha):
+    """activation'(alpha * a @ b + bias), in fp32: the product recomputed, not kept from the
+    forward (the fused op writes only the activated output)."""
+    if bias is None:
+        preactivation = torch.ops.tritonblas.ws_mm(a, b).float() * alpha
+    else:
+        preactivation = torch.ops.tritonblas.ws_addmm(bias, a, b, alpha=alpha).float()
+    return activations.derivative(preactivation, activation)
 
 
 def _ws_mm_act_backward(ctx, grad):
     a, b, bias = ctx.saved_tensors
-    if ctx.activation == "none":  # a @ b + bias (a residual fused): nothing to recompute
+    alpha = ctx.alpha
+    if ctx.activation == "none":  # alpha * a @ b + bias (a residual fused): nothing to recompute
         grad_product = grad
     else:
-        grad_product = (grad.float() * _preactivation_slope(a, b, bias, ctx.activation)).to(grad.dtype)
+        slope = _preactivation_slope(a, b, bias, ctx.activation, alpha)
+        grad_product = (grad.float() * slope).to(grad.dtype)
     needs_a, needs_b, needs_bias = ctx.needs_input_grad
     grad_a = torch.ops.tritonblas.ws_mm(grad_product, b.mT) if needs_a else None
     grad_b = torch.ops.tritonblas.ws_mm(a.mT, grad_product) if needs_b else None
+    if alpha != 1:  # as ws_addmm's backward: the scale after the GEMMs
+        grad_a = grad_a * alpha if grad_a is not None else None
+        grad_b = grad_b * alpha if grad_b is not None else None
     grad_bias = grad_product.sum_to_size(bias.shape) if needs_bias else None
     return grad_a, grad_b, grad_bias
 
@@ -253,13 +263,15 @@ def _ws_mm_gated_tangent(primals, tangents, keyword_only_args):
 def _ws_mm_act_tangent(primals, tangents, keyword_only_args):
     a, b, bias = primals
     tangent_a, tangent_b, tangent_bias = tangents
+    alpha = keyword_only_args.get("alpha", 1.0)
     parts = []
     if tangent_a is not None or tangent_b is not None:
-        parts.append(_product_tangent(a, b, tangent_a, tangent_b, torch.ops.tritonblas.ws_mm))
+        product = _product_tangent(a, b, tangent_a, tangent_b, torch.ops.tritonblas.ws_mm)
+        parts.append(product * alpha if alpha != 1 else product)
     if tangent_bias is not None:
         parts.append(tangent_bias.expand(a.shape[0], b.shape[1]))
     tangent = parts[0] if len(parts) == 1 else parts[0] + parts[1]
-    slope = _preactivation_slope(a, b, bias, keyword_only_args["activation"])
+    slope = _preactivation_slope(a, b, bias, keyword_only_args["activation"], alpha)
     return (tangent.float() * slope).to(tangent.dtype)
 
 
@@ -429,15 +441,16 @@ def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
 
 @_triton_op("ws_mm_act", setup_context=_save_inputs_and_activation, backward=_ws_mm_act_backward,
             tangent=_ws_mm_act_tangent)
-def ws_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, *, activation: str) -> Tensor:
-    """activation(a @ b + bias) in one kernel: the epilogue applies the activation
-    (activations.ACTIVATIONS: relu, gelu, gelu_tanh, silu, none) before rounding. What
-    routing's epilogue fusion puts in place of a GEMM and its activation."""
+def ws_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, *, activation: str, alpha: float = 1.0) -> Tensor:
+    """activation(alpha * a @ b + bias) in one kernel: the epilogue scales, adds the bias and
+    applies the activation (activations.ACTIVATIONS: relu, gelu, gelu_tanh, silu, none)
+    before rounding. What routing's epilogue fusion puts in place of a GEMM and its
+    activation, scale or residual add."""
     _check_mm_act(a, b, bias, activation)
     if a.device.type == "cpu" and is_fake(a):
-        product = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+        product = torch.mm(a, b) * alpha if bias is None else torch.addmm(bias, a, b, alpha=alpha)
         return activations.apply(product, activation)
-    return ws_matmul(a, b, bias, activation=activation)
+    return ws_matmul(a, b, bias, alpha=alpha, activation=activation)
 
 
 @_triton_op("ws_mm_gated", setup_context=_save_inputs_and_activation, backward=_ws_mm_gated_backward,
@@ -480,7 +493,7 @@ def _ws_bmm_fake(a, b):
 
 
 @ws_mm_act.register_fake
-def _ws_mm_act_fake(a, b, bias, *, activation):
+def _ws_mm_act_fake(a, b, bias, *, activation, alpha=1.0):
     _check_mm_act(a, b, bias, activation)
     return a.new_empty((a.shape[0], b.shape[1]))
 

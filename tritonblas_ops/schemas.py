@@ -28,7 +28,10 @@ SCHEMAS = {
         " -> Tensor"
     ),
     "ws_bmm": "tritonblas::ws_bmm(Tensor a, Tensor b) -> Tensor",
-    "ws_mm_act": "tritonblas::ws_mm_act(Tensor a, Tensor b, Tensor? bias, *, str activation) -> Tensor",
+    "ws_mm_act": (
+        "tritonblas::ws_mm_act(Tensor a, Tensor b, Tensor? bias, *, str activation, float alpha=1.)"
+        " -> Tensor"
+    ),
     "ws_mm_gated": "tritonblas::ws_mm_gated(Tensor a, Tensor b, Tensor gate, *, str activation) -> Tensor",
     "ws_grouped_mm": (
         "tritonblas::ws_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor? offs=None, Tensor? bias=None,"
