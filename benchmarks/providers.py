@@ -65,26 +65,28 @@ def without_warp_specialization(call: Callable[[], torch.Tensor]) -> torch.Tenso
         tritonblas_ops.warp_specialize(before)
 
 
-CONFIG_PATTERN = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)k(\d+)(?:c(\d+))?(t?)")
+CONFIG_PATTERN = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)k(\d+)(?:c(\d+))?(r?)(t?)")
 
 
 def config_name(config: TileConfig) -> str:
     """128x256x64w8s3k2: block M x N x K, warps, pipeline stages, K slices; then cC for K in
-    C chunks (batch-invariant tiles) and t for swap_ab (the transposed problem)."""
+    C chunks (batch-invariant tiles), r for a split tail (only the tiles past the last whole
+    wave split) and t for swap_ab (the transposed problem)."""
     return (f"{config.block_m}x{config.block_n}x{config.block_k}"
             f"w{config.num_warps}s{config.num_stages}k{config.split_k}"
-            f"{f'c{config.k_chunks}' if config.k_chunks > 1 else ''}{'t' if config.swap_ab else ''}")
+            f"{f'c{config.k_chunks}' if config.k_chunks > 1 else ''}{'r' if config.split_tail else ''}"
+            f"{'t' if config.swap_ab else ''}")
 
 
 def parse_config(text: str) -> TileConfig:
     match = CONFIG_PATTERN.fullmatch(text)
     if match is None:
         raise ValueError(f"tile config {text!r} is not like 128x256x64w8s3k1 (block M x N x K, "
-                         f"warps, stages, K slices; then optionally cC: K chunks, t: swap_ab)")
-    *numbers, chunks, swap = match.groups()
+                         f"warps, stages, K slices; then optionally cC: K chunks, r: a split tail, t: swap_ab)")
+    *numbers, chunks, tail, swap = match.groups()
     m, n, k, warps, stages, split = map(int, numbers)
     return TileConfig(m, n, k, num_warps=warps, num_stages=stages, split_k=split,
-                      k_chunks=int(chunks or 1), swap_ab=swap == "t")
+                      k_chunks=int(chunks or 1), split_tail=tail == "r", swap_ab=swap == "t")
 
 
 def _work_stealing(name: str, num_shards: int) -> Provider:

@@ -54,6 +54,8 @@ def test_config_names_round_trip_and_bad_ones_are_refused():
     assert config_name(config) == "128x256x64w8s3k2"
     config = parse_config("128x16x128w4s5k2t")
     assert config.swap_ab and config_name(config) == "128x16x128w4s5k2t"
+    config = parse_config("128x128x64w4s4k3r")
+    assert config.split_tail and not config.swap_ab and config_name(config) == "128x128x64w4s4k3r"
     with pytest.raises(ValueError, match="is not like 128x256x64w8s3k1"):
         parse_config("128x256")
 

@@ -150,13 +150,14 @@ DEPARTURE_SCRIPTS = {
 }
 
 
-@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("split_k,split_tail", [(1, False), (3, False), (3, True)])
 @pytest.mark.parametrize("script", list(DEPARTURE_SCRIPTS))
-def test_live_budget_programs_leave_and_the_others_finish(script, split_k):
+def test_live_budget_programs_leave_and_the_others_finish(script, split_k, split_tail):
     """Whatever programs leave when: every unit once (its counter), the right result, the
-    counters zero after (twice on one buffer), and the bits of a launch without a budget."""
-    a, b = torch.randn(1, 70, 48), torch.randn(1, 48, 50)
-    config = TileConfig(16, 16, 16, num_warps=4, num_stages=1, split_k=split_k)
+    counters zero after (twice on one buffer), and the bits of a launch without a budget.
+    The split tail's case has 15 tiles: 12 whole, 3 split."""
+    a, b = torch.randn(1, 70, 48), torch.randn(1, 48, 40 if split_tail else 50)
+    config = TileConfig(16, 16, 16, num_warps=4, num_stages=1, split_k=split_k, split_tail=split_tail)
     free = tritonblas_ops.ws_matmul(a[0], b[0], config=config, num_shards=2, num_programs=4)
     with scripted_departures(DEPARTURE_SCRIPTS[script]) as departures:
         assert_every_unit_computed_once(a, b, config, num_shards=2, num_programs=4,

@@ -29,6 +29,24 @@ def test_config_selector_splits_k_only_below_a_wave(dtype, monkeypatch):
     assert select_config(16, 4096, 300, 1, dtype, gpu).split_k == 1  # K too short to split
 
 
+def test_config_selector_splits_a_tail_only_where_the_last_wave_is_mostly_idle(monkeypatch):
+    """A split tail where a launch of a few waves would leave most of its last one idle (the
+    mid-size weight gradients of the corpus's models group: 144 or 176 tiles of 128x128 on
+    132 SMs), its split tiles' slices within two waves; not for launches of many waves (the
+    gain stays under TAIL_SPLIT_MIN_GAIN) nor of one wave or less (no whole tile)."""
+    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    for m, n, k in [(3072, 768, 8192), (768, 3072, 8192), (1024, 2816, 4096), (2816, 1024, 4096)]:
+        config = select_config(m, n, k, 1, torch.bfloat16, gpu)
+        tiles = num_tiles(m, n, 1, config)
+        assert config.split_tail and config.split_k > 1 and tiles > 132, (m, n, k)
+        assert (tiles % 132) * config.split_k <= 2 * 132 and k // config.split_k >= configs.MIN_K_PER_SPLIT
+    for m, n, k in [(8192, 8192, 8192), (4096, 14336, 4096), (8192, 1000, 14336), (1024, 1024, 16384),
+                    (256, 512, 32768), (16, 4096, 4096)]:
+        assert not select_config(m, n, k, 1, torch.bfloat16, gpu).split_tail, (m, n, k)
+    assert not select_config(3072, 768, 8192, 1, torch.bfloat16, gpu, allow_split_k=False).split_tail
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_config_selector_swaps_operands_only_for_a_few_rows(dtype, monkeypatch):
     monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)

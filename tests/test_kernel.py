@@ -117,15 +117,18 @@ def test_ragged_edge_tiles_never_write_outside_the_output():
     assert (buffer[border] == sentinel).all(), "the kernel wrote outside the output window"
 
 
-@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("split_k,split_tail", [(1, False), (3, False), (3, True)])
 @pytest.mark.parametrize("schedule", list(Schedule))
 @pytest.mark.parametrize("num_programs", [1, 3, 5, 16])
 @pytest.mark.parametrize("num_shards", [1, 2, 6, 8])
-def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule, split_k):
-    a, b = torch.randn(2, 50, 40), torch.randn(2, 40, 70)
-    assert_every_unit_computed_once(a, b, dataclasses.replace(SMALL, split_k=split_k),
-                                    num_shards=num_shards, num_programs=num_programs,
-                                    schedule=schedule, tolerance=REL_TOLERANCE[torch.float32])
+def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule, split_k, split_tail):
+    """With a split tail: 2 batches of 4 x 5 tiles fill 10 whole waves of the interpreter's 4
+    "SMs" (nothing split); one batch of 3 x 5 tiles leaves 3 tiles to split."""
+    config = dataclasses.replace(SMALL, split_k=split_k, split_tail=split_tail)
+    for batches, m in [(2, 50), (1, 40)]:
+        a, b = torch.randn(batches, m, 40), torch.randn(batches, 40, 70)
+        assert_every_unit_computed_once(a, b, config, num_shards=num_shards, num_programs=num_programs,
+                                        schedule=schedule, tolerance=REL_TOLERANCE[torch.float32])
 
 
 def test_launches_share_one_counter_buffer_left_at_zero():
@@ -162,6 +165,32 @@ def test_split_k_matches_the_reference_and_is_bitwise_reproducible(split_k, dtyp
             again = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=config, num_shards=shards,
                               num_programs=programs, schedule=schedule)
             assert torch.equal(again, first), (m, n, k, shards, programs, schedule)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_split_tail_is_whole_tiles_then_split_ones(dtype):
+    """A split tail (the tiles past the device's whole waves split, the others whole): each
+    whole tile is bitwise the unsplit launch's, each split one the split launch's (the same
+    slices summed in the same order), whatever the grid and schedule; ragged K, a bias."""
+    config = dataclasses.replace(SMALL, split_k=3)
+    tail = dataclasses.replace(config, split_tail=True)
+    m, n, k = 45, 40, 100  # 3 x 3 tiles of 16 x 16: 8 whole on the interpreter's 4 "SMs", 1 split
+    a, b, bias = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype), torch.randn(n, dtype=dtype)
+    whole = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=SMALL)
+    split = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=config)
+    queue = launch.plan_for(a, b, bias, 1.5, -0.5, Knobs(tail)).queue
+    assert (queue.whole_tiles, queue.split_tiles, queue.product_units) == (8, 1, 11)
+    last = (slice(32, None), slice(32, None))  # the last tile in the swizzled order: (2, 2)
+    expected = whole.clone()
+    expected[last] = split[last]
+    assert not torch.equal(whole[last], split[last]) or dtype != torch.float32
+    for programs, schedule in [(4, Schedule.WORK_STEALING), (1, Schedule.WORK_STEALING),
+                               (7, Schedule.WORK_STEALING), (3, Schedule.STATIC)]:
+        out = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=tail, num_programs=programs, schedule=schedule)
+        assert torch.equal(out, expected), (programs, schedule)
+    assert_matches(out, matmul_ref(a, b, bias, alpha=1.5, beta=-0.5), REL_TOLERANCE[dtype])
+    with pytest.raises(ValueError, match="tail only"):
+        ws_matmul(a, b, config=dataclasses.replace(tail, k_chunks=3))
 
 
 @pytest.mark.parametrize("tma", [False, True])

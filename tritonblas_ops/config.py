@@ -19,6 +19,11 @@ class TileConfig:
     # K slices per output tile. Above 1 each slice is a work unit of its own; its fp32
     # partial goes to a workspace and the last slice to arrive sums them in slice order.
     split_k: int = 1
+    # Split only the tail: the tiles of the launch's whole waves (on the device's SM count,
+    # whatever the grid) are a unit each, whole K; only the last, partial wave's tiles are
+    # split, so that their slices fill the SMs the whole tiles would leave idle (stream-K's
+    # data-parallel + split-K tail).
+    split_tail: bool = False
     # Solve C^T = B^T @ A^T instead (ws_matmul transposes the operands before the launch):
     # for M <= 16 the output's few rows become a narrow tile's columns, and the weight
     # streams through the wide side instead of filling a 64-row tile with padding.
@@ -167,6 +172,12 @@ FIXED_K_STEPS = 2  # per work unit: pipeline fill and epilogue, in K steps of th
 # against its ~6 TFLOP/s). Fitted to the sweep in NOTES.md step 9, where one program summed
 # each whole tile (16 slices of 128x128 lost to 8 of 64x128 on 256x512x32768).
 SLICE_SUM_FLOPS_PER_BYTE = 40
+# A split tail is chosen only where the model has it this much faster than the best other
+# choice: any K split moves a Hopper launch off the warp-specialized kernel, 2-15% faster
+# than the Triton kernel where it runs (README), which the model does not see. A launch
+# of a few waves whose last one is mostly idle gains far more (3072x768x8192 on 128x128
+# tiles: 144 tiles, 2 waves' time for 1.09 waves' work).
+TAIL_SPLIT_MIN_GAIN = 0.1
 
 
 def num_tiles(m: int, n: int, batches: int, config: TileConfig) -> int:
@@ -175,22 +186,28 @@ def num_tiles(m: int, n: int, batches: int, config: TileConfig) -> int:
 
 
 def _modeled_cost(m: int, n: int, k: int, batches: int, config: TileConfig, split_k: int,
-                  units: int) -> float:
+                  units: int, split_tail: bool = False) -> float:
     """Time of the launch in FLOPs of one SM running the best tile: waves of work units, each
     unit its K slice (plus a fixed cost) at the tile's efficiency, and for split-K the
     partial each unit writes, then waves of sum units, each reading its rows of every
-    partial (work stealing's sums, which all programs share)."""
+    partial (work stealing's sums, which all programs share). A split tail: the whole
+    waves of whole tiles first, then the rest as split-K."""
     tiles = num_tiles(m, n, batches, config)
+
+    def unit_cost(k_slice: int) -> float:
+        return 2 * config.block_m * config.block_n * (k_slice + FIXED_K_STEPS * config.block_k) / config.efficiency
+
+    whole_waves = tiles // units if split_tail else 0
+    tiles -= whole_waves * units
     waves = -(-(tiles * split_k) // units)
-    k_slice = -(-k // split_k)
-    flops = 2 * config.block_m * config.block_n * (k_slice + FIXED_K_STEPS * config.block_k)
-    unit = flops / config.efficiency
+    unit = unit_cost(-(-k // split_k))
     if split_k == 1:
         return waves * unit
+    base = whole_waves * unit_cost(k)
     unit += config.partial_bytes * FLOPS_PER_BYTE
     shares = sum_shares(config.block_m, split_k)
     sum_waves = -(-(tiles * shares) // units)
-    return (waves * unit
+    return (base + waves * unit
             + sum_waves * split_k * (config.partial_bytes // shares) * SLICE_SUM_FLOPS_PER_BYTE)
 
 
@@ -211,14 +228,22 @@ def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
         candidates = FP32_CONFIGS if fp32 else HALF_CONFIGS
     units = devices.num_compute_units(device)
     best, best_cost = None, None
+    tail, tail_cost = None, None  # the best split tail
     for config in candidates:
+        tiles = num_tiles(m, n, batches, config)
         for split_k in SPLIT_K_CHOICES if allow_split_k else (1,):
-            if split_k > 1 and (k // split_k < MIN_K_PER_SPLIT
-                                or num_tiles(m, n, batches, config) * split_k > 2 * units):
+            if split_k > 1 and k // split_k < MIN_K_PER_SPLIT:
                 break
-            cost = _modeled_cost(m, n, k, batches, config, split_k, units)
-            if best_cost is None or cost < best_cost:
-                best, best_cost = dataclasses.replace(config, split_k=split_k), cost
+            if split_k == 1 or tiles * split_k <= 2 * units:
+                cost = _modeled_cost(m, n, k, batches, config, split_k, units)
+                if best_cost is None or cost < best_cost:
+                    best, best_cost = dataclasses.replace(config, split_k=split_k), cost
+            if split_k > 1 and tiles > units and 0 < tiles % units and (tiles % units) * split_k <= 2 * units:
+                cost = _modeled_cost(m, n, k, batches, config, split_k, units, split_tail=True)
+                if tail_cost is None or cost < tail_cost:
+                    tail, tail_cost = dataclasses.replace(config, split_k=split_k, split_tail=True), cost
+    if tail is not None and tail_cost < (1 - TAIL_SPLIT_MIN_GAIN) * best_cost:
+        return tail
     return best
 
 

@@ -12,7 +12,8 @@ finish their work. The counters' layout and rules are scheduler.WorkQueue's; a l
 every decision is plan.LaunchPlan's.
 
 Each unit runs its K range in one program, in a fixed order. With split-K each slice stores
-an fp32 partial; under work stealing the partials are summed by sum units (a few rows of a
+an fp32 partial (with a split tail only the tiles after the first `whole_tiles` are split:
+the units before them are whole tiles); under work stealing the partials are summed by sum units (a few rows of a
 tile each) claimed after every product unit, under the static schedule by the tile's last
 slice to arrive, always in slice order. Results are bitwise reproducible whatever the
 schedule. No wait is unbounded: a sum that waits too long for its slices gives up, writes
@@ -361,8 +362,8 @@ def ws_matmul_kernel(
     c_ptr,  # (B, M, N), written
     bias_ptr,  # (M, N) view (broadcast strides may be 0), or None
     counters_ptr,  # int32, WorkQueue.numel of them: zero at launch and left at zero
-    partials_ptr,  # fp32 (tiles * SPLIT_K * BLOCK_M * BLOCK_N,) workspace, or None (SPLIT_K 1)
-    unit_counts_ptr,  # int32 (tiles * SPLIT_K,) zeroed, or None: +1 per product unit done (tests)
+    partials_ptr,  # fp32 (split tiles * SPLIT_K * BLOCK_M * BLOCK_N,) workspace, or None (SPLIT_K 1)
+    unit_counts_ptr,  # int32 (product units,) zeroed, or None: +1 per product unit done (tests)
     budget_ptr,  # int32 (1,): a live budget (programs at or above it leave between units), or None
     # Under USE_TMA, A's and B's tensor descriptors built on the host (eager launches), or
     # None: each program makes them (traced launches, which have no data pointers yet).
@@ -375,6 +376,7 @@ def ws_matmul_kernel(
     stride_bias_m, stride_bias_n,
     alpha, beta,  # fp32 (eager), or fp64 where Inductor types Python floats so: rounded below
     max_spins,  # polls of an arrival counter before a split-K sum gives up
+    whole_tiles,  # with SPLIT_K > 1, the tiles before this one are not split (a split tail)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
     K_CHUNKS: tl.constexpr,  # chunks of a unit's K range summed in turn (batch-invariant), or 1
@@ -392,8 +394,13 @@ def ws_matmul_kernel(
     num_programs = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    # Work units: each tile's K slices, numbered next to each other (claimed close in time).
-    num_units = tiles_m * tiles_n * num_batches * SPLIT_K
+    num_tiles = tiles_m * tiles_n * num_batches
+    # Work units: the whole tiles, then each split tile's K slices, numbered next to each
+    # other (claimed close in time).
+    if SPLIT_K == 1:
+        num_units = num_tiles
+    else:
+        num_units = whole_tiles + (num_tiles - whole_tiles) * SPLIT_K
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     alpha = tl.cast(alpha, tl.float32)
     beta = tl.cast(beta, tl.float32)
@@ -426,13 +433,20 @@ def ws_matmul_kernel(
         unit = tl.where(pid < num_units, pid, -1)
 
     while unit >= 0:
-        tile = unit // SPLIT_K
-        split = unit % SPLIT_K
+        if SPLIT_K == 1:
+            tile = unit
+            k_begin = 0
+            k_end = K
+        else:
+            sliced = unit >= whole_tiles
+            slice_unit = tl.maximum(unit - whole_tiles, 0)
+            tile = tl.where(sliced, whole_tiles + slice_unit // SPLIT_K, unit)
+            split = slice_unit % SPLIT_K
+            k_begin = tl.where(sliced, split * k_per_split, 0)
+            k_end = tl.where(sliced, tl.minimum(K, k_begin + k_per_split), K)
         batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         m0 = tile_m * BLOCK_M
         n0 = tile_n * BLOCK_N
-        k_begin = split * k_per_split
-        k_end = tl.minimum(K, k_begin + k_per_split)
         acc = _tile_product(
             a_ptr, b_ptr, a_desc, b_desc, batch, batch, m0, n0, k_begin, k_end, M, N,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
@@ -450,16 +464,19 @@ def ws_matmul_kernel(
             next_unit = tl.where(next_unit < num_units, next_unit, -1)
         if SPLIT_K == 1:
             tile_done = True
-        elif WORK_STEALING:
-            _store_partial(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
-            tile_done = False  # sum units add the partials up (after this loop)
         else:
-            arrived = _store_partial(acc, partials_ptr, arrivals_ptr, tile, split, SPLIT_K,
-                                     BLOCK_M, BLOCK_N)
-            tile_done = arrived == SPLIT_K - 1
-            if tile_done:  # static: the tile's last slice to arrive sums it by itself
-                acc = _slice_sum(partials_ptr, tile, 0, SPLIT_K, BLOCK_M, BLOCK_M, BLOCK_N)
-                tl.store(arrivals_ptr + tile, 0)  # the counter is clean for the next launch
+            tile_done = unit < whole_tiles
+            if sliced:  # partials and arrivals are the split tiles' only
+                split_tile = tile - whole_tiles
+                if WORK_STEALING:  # sum units add the partials up (after this loop)
+                    _store_partial(acc, partials_ptr, arrivals_ptr, split_tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
+                else:
+                    arrived = _store_partial(acc, partials_ptr, arrivals_ptr, split_tile, split, SPLIT_K,
+                                             BLOCK_M, BLOCK_N)
+                    tile_done = arrived == SPLIT_K - 1
+                    if tile_done:  # static: the tile's last slice to arrive sums it by itself
+                        acc = _slice_sum(partials_ptr, split_tile, 0, SPLIT_K, BLOCK_M, BLOCK_M, BLOCK_N)
+                        tl.store(arrivals_ptr + split_tile, 0)  # the counter is clean for the next launch
         if tile_done:
             _store_tile(
                 acc, c_ptr, c_desc, bias_ptr, batch, m0, n0, M, N,
@@ -477,7 +494,7 @@ def ws_matmul_kernel(
         # been claimed. So a sum waits only for slices that running programs are computing,
         # however few programs run (a static schedule could wait on one not yet started).
         parts_per_tile = BLOCK_M // SUM_ROWS
-        num_sums = tiles_m * tiles_n * num_batches * parts_per_tile
+        num_sums = (num_tiles - whole_tiles) * parts_per_tile
         sums_dry = 0
         # A program that left the products (or leaves now) leaves the sums too; the slices
         # they wait for are all claimed by programs that stay or finish them before leaving.
@@ -485,23 +502,23 @@ def ws_matmul_kernel(
         part, sums_dry = _claim_unit(sums_counter_ptr, status_ptr, 0, sums_dry, num_sums,
                                      num_programs, leaving, budget_ptr, 1, COUNTER_STRIDE)
         while part >= 0:
-            tile = part // parts_per_tile
+            split_tile = part // parts_per_tile
             row0 = (part % parts_per_tile) * SUM_ROWS
             # Bounded: only a wrong arrival count (a counter not zero at launch) keeps a
             # slice from arriving; then the rows are NaN and the status says why.
-            arrived = tl.atomic_add(arrivals_ptr + tile, 0, sem="acquire")
+            arrived = tl.atomic_add(arrivals_ptr + split_tile, 0, sem="acquire")
             spins = 0
             while (arrived < SPLIT_K) & (spins < max_spins):
-                arrived = tl.atomic_add(arrivals_ptr + tile, 0, sem="acquire")
+                arrived = tl.atomic_add(arrivals_ptr + split_tile, 0, sem="acquire")
                 spins += 1
-            acc = _slice_sum(partials_ptr, tile, row0, SPLIT_K, SUM_ROWS, BLOCK_M, BLOCK_N)
+            acc = _slice_sum(partials_ptr, split_tile, row0, SPLIT_K, SUM_ROWS, BLOCK_M, BLOCK_N)
             if arrived < SPLIT_K:
                 acc = tl.full((SUM_ROWS, BLOCK_N), float("nan"), tl.float32)
                 tl.atomic_or(status_ptr, _WAIT_TIMED_OUT, sem="relaxed")
             leaving = _leaving(budget_ptr, pid)
             next_part, sums_dry = _claim_unit(sums_counter_ptr, status_ptr, 0, sums_dry, num_sums,
                                               num_programs, leaving, budget_ptr, 1, COUNTER_STRIDE)
-            batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+            batch, tile_m, tile_n = _tile_coords(whole_tiles + split_tile, tiles_m, tiles_n, GROUP_M)
             # Pointer stores: the C descriptor's box is a whole tile.
             _store_tile(
                 acc, c_ptr, c_desc, bias_ptr, batch, tile_m * BLOCK_M + row0, tile_n * BLOCK_N, M, N,
@@ -509,8 +526,8 @@ def ws_matmul_kernel(
                 alpha, beta, SUM_ROWS, BLOCK_N, INT64_INDEX, False, ACTIVATION, GATE,
             )
             # The tile's last sum to finish leaves its arrival counter clean for the next launch.
-            if tl.atomic_add(arrivals_ptr + tile, 1, sem="relaxed") == SPLIT_K + parts_per_tile - 1:
-                tl.store(arrivals_ptr + tile, 0)
+            if tl.atomic_add(arrivals_ptr + split_tile, 1, sem="relaxed") == SPLIT_K + parts_per_tile - 1:
+                tl.store(arrivals_ptr + split_tile, 0)
             units_done += 1
             part = next_part
 

@@ -187,7 +187,7 @@ class LaunchPlan:
             stride_bb=stride_b[0], stride_bk=stride_b[1], stride_bn=stride_b[2],
             stride_cb=stride_c[0], stride_cm=stride_c[1], stride_cn=stride_c[2],
             stride_bias_m=stride_bias[0], stride_bias_n=stride_bias[1],
-            alpha=alpha, beta=beta, max_spins=self.max_spins,
+            alpha=alpha, beta=beta, max_spins=self.max_spins, whole_tiles=self.queue.whole_tiles,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             GROUP_M=config.group_m, SPLIT_K=config.split_k,
             K_CHUNKS=config.k_chunks if config.split_k == 1 else 1,  # split: a unit is a chunk
@@ -344,9 +344,9 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     else:
         config = select_config(hint(m), hint(n), hint(k), hint(batches), dtype, device,
                                allow_split_k=not dynamic, allow_swap_ab=not dynamic)
-    if config.k_chunks > 1 and config.split_k not in (1, config.k_chunks):
+    if config.k_chunks > 1 and (config.split_k not in (1, config.k_chunks) or config.split_tail):
         raise ValueError(f"a config with k_chunks={config.k_chunks} splits K into 1 or {config.k_chunks} "
-                         f"units, not {config.split_k}")
+                         f"units, every tile alike, not {config.split_k}" + " (tail only)" * config.split_tail)
     swap_ab = config.swap_ab
     if swap_ab:  # C^T = B^T @ A^T: the same kernel on transposed views
         a, b, c = b.transposed(), a.transposed(), c.transposed()
@@ -355,18 +355,23 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
 
     num_shards = devices.default_num_shards(device) if knobs.num_shards is None else knobs.num_shards
     tiles = num_tiles(m, n, batches, config)
+    # A split tail's whole tiles fill the device's whole waves: its SM count, not the grid,
+    # so that an SM budget does not change which tiles are split (nor a bit of C).
+    units = devices.num_compute_units(device)
+    whole_tiles = tiles // units * units if config.split_tail else 0
+    product_units = tiles + (tiles - whole_tiles) * (config.split_k - 1)
     if knobs.num_programs is not None:
         grid = knobs.num_programs
     elif dynamic:
-        grid = devices.num_compute_units(device)  # programs that find no unit exit at once
+        grid = units  # programs that find no unit exit at once
     else:
-        grid = min(max_programs or devices.num_compute_units(device), tiles * config.split_k)
+        grid = min(max_programs or units, product_units)
     if num_shards < 1 or grid < 1:
         raise ValueError(f"need num_shards >= 1 and num_programs >= 1, got {num_shards}, {grid}")
     schedule = knobs.schedule
     if live_budget is not None and schedule is Schedule.STATIC:
         live_budget = None  # a forced static schedule (tests): its units are the programs'
-    if live_budget is None and not dynamic and tiles * config.split_k <= grid and (
+    if live_budget is None and not dynamic and product_units <= grid and (
             config.split_k == 1 or config.split_k * config.partial_bytes <= LAST_SLICE_SUM_MAX_BYTES):
         # One wave: each program has at most one unit, and one whose SM is held by other
         # work runs it as soon as a thief could have. Stealing would buy nothing and its
@@ -374,7 +379,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         # would read too many partials alone.
         schedule = Schedule.STATIC
     queue = WorkQueue(num_shards, tiles, config.split_k,
-                      config.block_m // config.sum_rows, schedule is Schedule.WORK_STEALING)
+                      config.block_m // config.sum_rows, schedule is Schedule.WORK_STEALING, whole_tiles)
 
     describable = _describable(a) and _describable(b)
     use_tma = knobs.use_tma
@@ -408,8 +413,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         int64_index=int64_index,
         input_precision="tf32" if dtype == torch.float32 and tf32 else "ieee",
         sizes=(m, n, k, batches), strides=(a.stride, b.stride, c.stride, bias_strides),
-        partials_numel=tiles * config.split_k * config.block_m * config.block_n
-        if config.split_k > 1 else 0,
+        partials_numel=queue.split_tiles * config.split_k * config.block_m * config.block_n,
         max_spins=scheduler.MAX_SPINS,
         checked=checked,
         live_budget=live_budget,

@@ -2,8 +2,10 @@
 claiming uses. Every rule about those counters lives here and in the kernel's claim code
 (kernel.py), which follows the layout below.
 
-Work units are numbered 0..U-1 (each output tile's K slices next to each other) and split
-into `num_shards` contiguous shards; each shard has one int32 claim counter. Under work
+Work units are numbered 0..U-1 (each output tile's K slices next to each other; with a
+split tail, the first `whole_tiles` tiles are a unit each, whole K, and only the tiles after
+them are split, their slices numbered after the whole tiles) and split into `num_shards`
+contiguous shards; each shard has one int32 claim counter. Under work
 stealing a program claims units from its home shard, then from the others in order, and
 asks every shard exactly once more after finding it dry. So the last claim a shard ever
 gets returns its size plus the number of programs, minus one, and the program that gets it
@@ -26,7 +28,7 @@ programs hammering one never contend for another's cache line:
                                   impossible state, never cleared by it
     line num_shards + 1           split-K under work stealing: the sum units' claim counter
                                   (int64 under a live budget)
-    then, for split-K             one arrival counter per tile (slices stored, then sums done)
+    then, for split-K             one arrival counter per split tile (slices stored, then sums done)
 
 A launch whose counters are not all zero when it starts is in an impossible state: it can
 skip units, compute some twice, or sum partials that were never written. The kernel bounds
@@ -63,12 +65,25 @@ class WorkQueue:
     split_k: int
     sum_parts: int  # split-K sum units per tile under work stealing (1 otherwise)
     work_stealing: bool
+    # With split-K, the tiles before this one are whole units (a split tail: only the last,
+    # partial wave's tiles are split); 0 splits every tile.
+    whole_tiles: int = 0
+
+    @property
+    def split_tiles(self) -> int:
+        """Tiles whose K is split into split_k slices."""
+        return self.num_tiles - self.whole_tiles if self.split_k > 1 else 0
+
+    @property
+    def product_units(self) -> int:
+        """Work units that compute a product: whole tiles, and the split tiles' slices."""
+        return self.num_tiles + self.split_tiles * (self.split_k - 1)
 
     @property
     def num_units(self) -> int:
-        """Product units (a tile's K slice each) and, for split-K under work stealing, sum units."""
-        sums = self.num_tiles * self.sum_parts if self.work_stealing and self.split_k > 1 else 0
-        return self.num_tiles * self.split_k + sums
+        """Product units and, for split-K under work stealing, sum units."""
+        sums = self.split_tiles * self.sum_parts if self.work_stealing else 0
+        return self.product_units + sums
 
     @property
     def tally_offset(self) -> int:
@@ -87,7 +102,7 @@ class WorkQueue:
         """int32 counters the launch uses: all zero at launch, all zero after it."""
         if self.split_k == 1:
             return (self.num_shards + 1) * COUNTER_STRIDE
-        return self.arrivals_offset + self.num_tiles
+        return self.arrivals_offset + self.split_tiles
 
     def kernel_constants(self) -> dict:
         return dict(NUM_SHARDS=self.num_shards, COUNTER_STRIDE=COUNTER_STRIDE,
@@ -114,7 +129,7 @@ class WorkQueue:
     def _describe(self, offset: int) -> str:
         line, word = divmod(offset, COUNTER_STRIDE)
         if offset >= self.arrivals_offset:
-            return f"the arrival counter of tile {offset - self.arrivals_offset}"
+            return f"the arrival counter of tile {self.whole_tiles + offset - self.arrivals_offset}"
         if line < self.num_shards:
             return f"shard {line}'s claim counter" if word == 0 else f"padding word {offset}"
         if line == self.num_shards + 1 and word == 0:

@@ -71,7 +71,7 @@ def assert_every_unit_computed_once(a: torch.Tensor, b: torch.Tensor, config: Ti
     queue = plan.queue
     counters = torch.zeros(queue.numel, dtype=torch.int32, device=a.device)
     for _ in range(2):
-        unit_counts = torch.zeros(queue.num_tiles * queue.split_k, dtype=torch.int32, device=a.device)
+        unit_counts = torch.zeros(queue.product_units, dtype=torch.int32, device=a.device)
         out = torch.full(plan.out_shape, float("nan"), dtype=a.dtype, device=a.device)
         a_arg, b_arg, _, partials = launch.operands(plan, a, b, None)
         launch.launch_kernel(plan, a_arg, b_arg, out, None, counters, partials, 1.0, 1.0,
