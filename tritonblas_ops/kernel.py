@@ -12,10 +12,10 @@ finish their work. The counters' layout and rules are scheduler.WorkQueue's; a l
 every decision is plan.LaunchPlan's.
 
 Each unit runs its K range in one program, in a fixed order. With split-K each slice stores
-an fp32 partial (with a split tail only the tiles after the first `whole_tiles` are split:
-the units before them are whole tiles); under work stealing the partials are summed by sum units (a few rows of a
-tile each) claimed after every product unit, under the static schedule by the tile's last
-slice to arrive, always in slice order. Results are bitwise reproducible whatever the
+an fp32 partial (with a split tail only the tiles from `whole_tiles` on are split, the
+units before them whole tiles); under work stealing the partials are summed by sum units
+(a few rows of a tile each) claimed after every product unit, under the static schedule by
+the tile's last slice to arrive, always in slice order. Results are bitwise reproducible whatever the
 schedule. No wait is unbounded: a sum that waits too long for its slices gives up, writes
 NaN and flags the launch's status (scheduler.STATUS_*).
 
