@@ -16,7 +16,7 @@ from tritonblas_ops import activations, budget, counters, fastpath, launch, rela
 from tritonblas_ops import device as devices
 from tritonblas_ops.config import FP32_INVARIANT_CONFIGS, HALF_INVARIANT_CONFIGS, TileConfig, select_config
 from tritonblas_ops.launch import ws_matmul
-from tritonblas_ops.plan import Operand, OperandCopy, Schedule
+from tritonblas_ops.plan import Knobs, Operand, OperandCopy, Schedule
 from tritonblas_ops.testing import (
     REL_TOLERANCE,
     assert_every_unit_computed_once,
@@ -110,15 +110,16 @@ def test_epilogue_activations_bf16(m, n, k, use_tma, activation):
         opcheck(torch.ops.tritonblas.ws_mm_act.default, (a, b, bias), {"activation": activation})
 
 
-@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("split_k,split_tail", [(1, False), (4, False), (4, True)])
 @pytest.mark.parametrize("schedule", list(Schedule))
 @pytest.mark.parametrize("num_programs", [1, 3, 132, 264])
 @pytest.mark.parametrize("num_shards", [1, 2, 6, 8])
-def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule, split_k):
+def test_every_tile_computed_exactly_once(num_shards, num_programs, schedule, split_k, split_tail):
     m, n, k, batches = 2000, 3000, 512, 2
     a = torch.randn(batches, m, k, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(batches, k, n, dtype=torch.bfloat16, device="cuda")
-    config = dataclasses.replace(select_config(m, n, k, batches, a.dtype, a.device), split_k=split_k)
+    config = dataclasses.replace(select_config(m, n, k, batches, a.dtype, a.device), split_k=split_k,
+                                 split_tail=split_tail)
     assert_every_unit_computed_once(a, b, config, num_shards=num_shards, num_programs=num_programs,
                                     schedule=schedule, tolerance=REL_TOLERANCE[torch.bfloat16])
 
@@ -139,6 +140,43 @@ def test_split_k_shapes_the_selector_splits(m, n, k):
         assert torch.equal(ws_matmul(a, b, config=config, num_programs=programs), first)
     for _ in range(10):
         assert torch.equal(ws_matmul(a, b, config=config), first)
+
+
+@pytest.mark.parametrize("m,n,k", [(3072, 768, 8192), (1024, 2816, 4096), (2304, 1000, 4000)])
+def test_split_tail_is_right_and_its_bits_ignore_grid_and_budget(m, n, k):
+    """A split tail (the selector's for the first two; forced on a ragged shape): right,
+    bitwise equal run to run, whatever the grid, under an SM budget and a live budget
+    lowered mid-launch, and its whole tiles bitwise the unsplit launch's."""
+    a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
+    config = select_config(m, n, k, 1, a.dtype, a.device)
+    if not config.split_tail:
+        config = TileConfig(128, 128, 64, num_warps=4, num_stages=4, split_k=3, split_tail=True)
+    first = ws_matmul(a, b, config=config)
+    assert_matches(first, matmul_ref(a, b), REL_TOLERANCE[torch.bfloat16])
+    for programs in (1, 7, 66, 132):
+        assert torch.equal(ws_matmul(a, b, config=config, num_programs=programs), first), programs
+    whole = ws_matmul(a, b, config=dataclasses.replace(config, split_k=1, split_tail=False))
+    queue = launch.plan_for(a, b, None, 1.0, 1.0, Knobs(config)).queue
+    assert 0 < queue.whole_tiles < queue.num_tiles
+    tiles_m, tiles_n = -(-m // config.block_m), -(-n // config.block_n)
+    for tile in range(queue.whole_tiles):  # the first tiles in the kernel's GROUP_M-swizzled order
+        per_group = config.group_m * tiles_n
+        first_m = tile // per_group * config.group_m
+        group_rows = min(tiles_m - first_m, config.group_m)
+        tile_m, tile_n = first_m + tile % per_group % group_rows, tile % per_group // group_rows
+        block = (slice(tile_m * config.block_m, (tile_m + 1) * config.block_m),
+                 slice(tile_n * config.block_n, (tile_n + 1) * config.block_n))
+        assert torch.equal(first[block], whole[block]), tile
+    side = torch.cuda.Stream()
+    live = tritonblas_ops.LiveBudget()
+    with live:
+        outs = [ws_matmul(a, b, config=config) for _ in range(4)]
+        live.lower(16, side)
+        outs += [ws_matmul(a, b, config=config) for _ in range(2)]
+        live.restore(side)
+        torch.cuda.synchronize()
+    assert all(torch.equal(out, first) for out in outs)
 
 
 @pytest.mark.parametrize("precision", list(DTYPES), indirect=True)
