@@ -29,6 +29,9 @@ import tritonblas_ops
 from tritonblas_ops import _compat, settings
 from tritonblas_ops import device as devices
 from tritonblas_ops import lowering as R
+from tritonblas_ops import plan as plan_module
+from tritonblas_ops.config import TileConfig
+from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.testing import REL_TOLERANCE, assert_matches, rel_error
 from tiles import m_dependent_tiles  # noqa: F401  (a fixture)
 from compiled import (  # noqa: F401  (fresh_state and cpu_routing: fixtures)
@@ -442,6 +445,21 @@ def test_inline_gemms_of_a_graph_share_one_counter_buffer(m_dependent_tiles):
     first, split_k = counters[0], counters[2]
     assert counters == [first, first, split_k, split_k, split_k] and split_k != first
     assert len(re.findall(r"torch\.int32\)", code)) == 2  # the two counter buffers
+
+
+def test_inline_split_tail(monkeypatch):
+    """A split tail in the inline form: the plan's whole tiles are the launch's argument and
+    the partials buffer holds the split tiles' slices only (on the interpreter's 4 "SMs",
+    5 x 6 tiles: 28 whole, 2 split in 3 slices of 16 x 16)."""
+    config = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=1, split_k=3, split_tail=True)
+    monkeypatch.setattr(plan_module, "select_config", lambda *args, **kwargs: config)
+    settings.update(path="inline", cpu=True, inline_cpu=True)
+    with torch.no_grad():
+        code = generated_code_only(lambda x, w: x @ w, randn(70, 100), randn(100, 90))
+    arguments = inline_launches(code)[0]
+    names = ws_matmul_kernel.arg_names
+    assert arguments[names.index("whole_tiles")] == "28"
+    assert re.search(r"empty_strided\w*\(\(1536, \), \(1, \), torch\.float32\)", code)
 
 
 def test_inline_without_a_product_launches_nothing():
