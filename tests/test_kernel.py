@@ -379,6 +379,25 @@ def test_a_split_k_sum_never_waits_forever():
     assert_matches(out[16:], matmul_ref(a, b)[16:], REL_TOLERANCE[torch.float32])
 
 
+def test_a_split_tail_sum_never_waits_forever():
+    """The same with a split tail, whose split tiles alone have arrival counters: the first
+    is the launch's last tile (3 x 3 tiles on the interpreter's 4 "SMs": 8 whole, 1 split)."""
+    a, b = torch.randn(45, 90), torch.randn(90, 40)
+    config = dataclasses.replace(SMALL, split_k=3, split_tail=True)
+
+    def never_arriving(counters, queue):
+        assert (queue.whole_tiles, queue.split_tiles) == (8, 1)
+        counters[queue.arrivals_offset] = -100
+
+    out, problems = launch_on_counters(a, b, config, never_arriving, max_spins=3)
+    assert scheduler.STATUS_NAMES[scheduler.STATUS_WAIT_TIMED_OUT] in problems
+    assert any(p.startswith("the arrival counter of tile 8 is") for p in problems), problems
+    assert torch.isnan(out[32:, 32:]).all(), "tile 8's rows should be NaN"
+    reference = matmul_ref(a, b)
+    assert_matches(out[:32], reference[:32], REL_TOLERANCE[torch.float32])
+    assert_matches(out[32:, :32], reference[32:, :32], REL_TOLERANCE[torch.float32])
+
+
 def test_a_static_split_k_arrival_left_set_is_caught():
     """Under the static schedule a tile's last slice sums the partials: an arrival count
     left at SPLIT_K - 1 makes the first slice sum partials never written."""
