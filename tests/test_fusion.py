@@ -245,6 +245,26 @@ def test_scales_go_into_the_gemms_epilogue(cpu_routing, leading):
         assert_matches(got.grad, want.grad, REL_TOLERANCE[torch.float32])
 
 
+class ScaledLinear(torch.nn.Module):
+    """A Linear with a bias whose output is divided by a number."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 24)
+
+    def forward(self, x):
+        return self.linear(x) / 4
+
+
+@pytest.mark.parametrize("leading", [(32,), (2, 16)])
+def test_a_scale_after_a_linear_with_a_bias_goes_into_addmm(cpu_routing, leading):
+    """(x @ w.T + b) / 4 becomes addmm(b, x, w.T, beta=0.25, alpha=0.25), which routing
+    lowers to ws_addmm: the scale's kernel is gone; float64's values within fp32 tolerance."""
+    torch.manual_seed(0)
+    fused_code = check_fusion(ScaledLinear(), randn(*leading, 16), ["ws_addmm"], ["ws_addmm"])
+    assert "beta=0.25, alpha=0.25" in fused_code
+
+
 def test_a_scale_that_is_no_number_stays_apart(cpu_routing):
     """A GEMM's output times a tensor, or over zero, is Inductor's kernel."""
     tritonblas_ops.fuse_epilogues(True)

@@ -7,7 +7,7 @@ backward's GELU or SiLU backward of a GEMM's output (the gradient into the activ
 whose epilogue multiplies by the activation's slope at the saved pre-activation. A GEMM's
 output added to a tensor (a residual), multiplied or divided by a number (a scale), or
 both (LoRA's base(x) + up(down(x)) * scaling), becomes ws_mm_act(a, b, addend,
-activation="none", alpha=scale).
+activation="none", alpha=scale); a scaled addmm, addmm with beta and alpha the scale.
 
 A post-grad pass, run by lowering's cache-key pass (so the setting is in the compiled-code
 cache keys). Post-grad graphs hold activations as Inductor's decompositions leave them
@@ -122,7 +122,7 @@ def _replace_with_gated(activation: str, viewed: bool):
     def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
         gate = _read_as_product(match, kwargs["gate"]) if viewed else kwargs["gate"]
         _substitute(match, torch.ops.tritonblas.ws_mm_gated.default, (kwargs["a"], kwargs["b"], gate),
-                    activation, viewed)
+                    {"activation": activation}, viewed)
 
     return replace
 
@@ -130,19 +130,17 @@ def _replace_with_gated(activation: str, viewed: bool):
 def _replace_with_op(activation: str, viewed: bool):
     def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
         _substitute(match, torch.ops.tritonblas.ws_mm_act.default,
-                    (kwargs["a"], kwargs["b"], kwargs.get("bias")), activation, viewed)
+                    (kwargs["a"], kwargs["b"], kwargs.get("bias")), {"activation": activation}, viewed)
 
     return replace
 
 
-def _substitute(match: pattern_matcher.Match, op, args: tuple, activation: str, viewed: bool,
-                alpha: float = 1.0) -> None:
-    """The match's output replaced by op(*args, activation=activation[, alpha=alpha]), which
-    gives the GEMM's 2-D output: viewed as the pattern viewed the GEMM's, where it did."""
+def _substitute(match: pattern_matcher.Match, op, args: tuple, kwargs: dict, viewed: bool) -> None:
+    """The match's output replaced by op(*args, **kwargs), which gives the GEMM's 2-D output:
+    viewed as the pattern viewed the GEMM's, where it did."""
     out = match.output_node()
     graph = match.graph
     with graph.inserting_before(out):
-        kwargs = {"activation": activation} if alpha == 1 else {"activation": activation, "alpha": alpha}
         fused = graph.call_function(op, args, kwargs)
         if viewed:
             view = _matched_view(match)
@@ -337,8 +335,9 @@ def _replace_with_residual(viewed: bool, scaled: bool = False):
         addend = kwargs["addend"]
         if viewed and addend.meta["val"].dim() > 1:
             addend = _read_as_product(match, addend)
-        _substitute(match, torch.ops.tritonblas.ws_mm_act.default, (kwargs["a"], kwargs["b"], addend), "none",
-                    viewed, _scale_of(match) if scaled else 1.0)
+        alpha = _scale_of(match) if scaled else 1.0
+        _substitute(match, torch.ops.tritonblas.ws_mm_act.default, (kwargs["a"], kwargs["b"], addend),
+                    {"activation": "none", **({"alpha": alpha} if alpha != 1 else {})}, viewed)
 
     return replace
 
@@ -397,32 +396,51 @@ def _scale_of(match: pattern_matcher.Match) -> float | None:
 
 
 def _scale_fusable(match: pattern_matcher.Match) -> bool:
-    """The scale is a number and routing takes the GEMM; it saves passes as an activation
-    does (nothing where only pointwise ops read the scaled output: Inductor computes the
-    scale in their kernel)."""
+    """The scale is a number and routing takes the GEMM (with its bias); it saves passes as
+    an activation does (nothing where only pointwise ops read the scaled output: Inductor
+    computes the scale in their kernel)."""
     saved = 0 if _read_only_by_pointwise(match.output_node()) else SAVED_BY_POINTWISE
-    return _scale_of(match) is not None and _routes(match.kwargs["a"], match.kwargs["b"], None, saved_passes=saved)
+    return _scale_of(match) is not None and _routes(match.kwargs["a"], match.kwargs["b"], match.kwargs.get("bias"),
+                                                    saved_passes=saved)
 
 
 def _replace_with_scaled(viewed: bool):
     """mm(a, b) * scale (perhaps viewed) becomes ws_mm_act(a, b, None, activation="none",
-    alpha=scale)."""
+    alpha=scale); addmm(bias, a, b) * scale becomes addmm(bias, a, b, beta=scale,
+    alpha=scale), which routing lowers to ws_addmm (torch.addmm's own scales)."""
     def replace(match: pattern_matcher.Match, *args, **kwargs) -> None:
-        _substitute(match, torch.ops.tritonblas.ws_mm_act.default, (kwargs["a"], kwargs["b"], None), "none",
-                    viewed, _scale_of(match))
+        scale = _scale_of(match)
+        if "bias" in kwargs:
+            _substitute(match, torch.ops.aten.addmm.default, (kwargs["bias"], kwargs["a"], kwargs["b"]),
+                        {"beta": scale, "alpha": scale}, viewed)
+        else:
+            _substitute(match, torch.ops.tritonblas.ws_mm_act.default, (kwargs["a"], kwargs["b"], None),
+                        {"activation": "none", "alpha": scale}, viewed)
 
     return replace
 
 
 def _trace_scale_patterns() -> pattern_matcher.PatternMatcherPass:
-    """mm(a, b) * scale or / scale, the product perhaps viewed, for every dtype: a scaled
-    projection (muP's output multiplier, an attention-style 1/sqrt(d))."""
+    """mm(a, b) or addmm(bias, a, b), times or over a number, the product perhaps viewed, for
+    every dtype: a scaled projection (muP's output multiplier, an attention-style
+    1/sqrt(d)), with a Linear's bias or without."""
     patterns = pattern_matcher.PatternMatcherPass()
     for viewed, scale, dtype in itertools.product((False, True), _SCALE_SEARCHES, SUPPORTED_DTYPES):
-        example = (torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype))
-        _register(patterns, _product_search(scale, _view(viewed)), example, viewed, _scale_fusable,
+        a, b, bias = torch.empty(8, 16, dtype=dtype), torch.empty(16, 8, dtype=dtype), torch.empty(8, dtype=dtype)
+        _register(patterns, _product_search(scale, _view(viewed)), (a, b), viewed, _scale_fusable,
+                  _replace_with_scaled(viewed))
+        _register(patterns, _biased_search(scale, _view(viewed)), (a, b, bias), viewed, _scale_fusable,
                   _replace_with_scaled(viewed))
     return patterns
+
+
+def _biased_search(finish, view):
+    """The search function of finish(view(addmm(bias, a, b))) (its parameters name the
+    pattern's inputs)."""
+    def search(a, b, bias):
+        return finish(view(torch.addmm(bias, a, b)))
+
+    return search
 
 
 def _product_search(finish, view):
