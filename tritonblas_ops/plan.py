@@ -359,7 +359,9 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     # so that an SM budget does not change which tiles are split (nor a bit of C).
     units = devices.num_compute_units(device)
     whole_tiles = tiles // units * units if config.split_tail else 0
-    product_units = tiles + (tiles - whole_tiles) * (config.split_k - 1)
+    queue = WorkQueue(num_shards, tiles, config.split_k, config.block_m // config.sum_rows,
+                      work_stealing=True, whole_tiles=whole_tiles)  # the schedule below may make it static
+    product_units = queue.product_units
     if knobs.num_programs is not None:
         grid = knobs.num_programs
     elif dynamic:
@@ -378,8 +380,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         # claims cost time (NOTES.md step 13). With split-K, unless the tile's last slice
         # would read too many partials alone.
         schedule = Schedule.STATIC
-    queue = WorkQueue(num_shards, tiles, config.split_k,
-                      config.block_m // config.sum_rows, schedule is Schedule.WORK_STEALING, whole_tiles)
+    queue = dataclasses.replace(queue, work_stealing=schedule is Schedule.WORK_STEALING)
 
     describable = _describable(a) and _describable(b)
     use_tma = knobs.use_tma
