@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_ab] [grouped_moe] [invariant]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [sweep_splits] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_ab] [grouped_moe] [invariant]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min (since the
 # warp-specialized kernel, 2026-12-05 on a fresh H100: tests ~6 min, ws_tests, its tests and the grouped GEMM's,
@@ -59,9 +59,9 @@ has integration && timeout ${TESTS_TIMEOUT:-560} python3 -m pytest tests -m gpu 
   | tee "$OUT/integration_tests.log" | tail -15
 has deploy && timeout ${DEPLOY_TIMEOUT:-300} python3 -m pytest $deploy_tests -m gpu -q -p no:cacheprovider -rfEs \
   2>&1 | grep -v "^DEBUG" | tee "$OUT/deploy_tests.log" | tail -15
+sweep() { python3 -m benchmarks.bench --warmup-ms 10 --rep-ms 40 --shapes "$1" --configs "$2" \
+            --out "$OUT/${card}_sweep.csv" 2>&1 | grep -v "^DEBUG" | tee -a "$OUT/sweep.log" | tail -12; }
 if has sweep; then  # select_config's calibration: forced tile configs beside its choice
-  sweep() { python3 -m benchmarks.bench --warmup-ms 10 --rep-ms 40 --shapes "$1" --configs "$2" \
-              --out "$OUT/${card}_sweep.csv" 2>&1 | grep -v "^DEBUG" | tee -a "$OUT/sweep.log" | tail -12; }
   sweep 4096x4096x4096,8192x8192x8192,4096x14336x4096,4864x8192x4160,2048x14336x4096 \
     128x256x64w8s3k1,128x128x64w8s4k1,128x128x64w4s4k1
   sweep 1000x1000x1000,1024x1024x1024,2048x2048x2048,3000x5000x2000,2049x1023x777 \
@@ -73,6 +73,8 @@ if has sweep; then  # select_config's calibration: forced tile configs beside it
   # The `models` group's mid-size GEMMs (the small blocks' weight gradients, 0.58-0.73x)
   sweep 1024x2816x4096,2816x1024x4096,768x3072x8192,3072x768x8192,1024x1024x4096 \
     128x128x64w8s4k1,128x128x64w4s4k2,128x128x64w4s4k3,64x128x64w4s4k1,64x128x64w4s4k2,128x64x64w4s4k2,128x256x64w8s3k2,128x256x64w8s3k1,128x64x128w4s4k1
+fi
+if has sweep || has sweep_splits; then  # sweep_splits (~1.5 min): its last two lines alone
   # What a dearer split-K partial (NOTES.md step 54) would pick where nothing measured it yet
   sweep 2048x1024x32768,128x8192x28672 128x256x64w8s3k2,128x256x64w8s3k4,128x128x64w4s4k1,128x128x64w4s4k2
   # Split tails (NOTES.md step 57) beside the unsplit tiles (the warp-specialized kernel's) and uniform splits
