@@ -47,6 +47,23 @@ def test_config_selector_splits_a_tail_only_where_the_last_wave_is_mostly_idle(m
     assert not select_config(3072, 768, 8192, 1, torch.bfloat16, gpu, allow_split_k=False).split_tail
 
 
+def test_batch_invariant_split_tails_split_the_chunks(monkeypatch):
+    """Batch-invariant mode takes a split tail where normal mode would and K is chunked
+    (3072x768x8192: 2 chunks, 144 tiles of 128x128 on 132 SMs): its slices are the chunks
+    (split_k = k_chunks), so their ends are every other launch's of that (N, K). Without
+    chunks (768x3072x8192) nothing may split K; a launch of many waves keeps whole tiles."""
+    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    tail = configs.select_invariant_config(3072, 768, 8192, 1, torch.bfloat16, gpu)
+    decode = configs.select_invariant_config(1, 768, 8192, 1, torch.bfloat16, gpu)
+    assert tail.split_tail and tail.split_k == tail.k_chunks == decode.k_chunks == 2
+    assert chunk_ends(tail, 8192) == chunk_ends(decode, 8192)
+    assert num_tiles(3072, 768, 1, tail) > 132
+    assert not configs.select_invariant_config(3072, 768, 8192, 1, torch.bfloat16, gpu, allow_split_k=False).split_tail
+    assert not configs.select_invariant_config(768, 3072, 8192, 1, torch.bfloat16, gpu).split_k > 1
+    assert not configs.select_invariant_config(8192, 1000, 14336, 1, torch.bfloat16, gpu).split_tail
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_config_selector_swaps_operands_only_for_a_few_rows(dtype, monkeypatch):
     monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)

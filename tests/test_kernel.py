@@ -189,32 +189,37 @@ def test_a_split_tail_is_whole_tiles_then_split_ones(dtype):
         out = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=tail, num_programs=programs, schedule=schedule)
         assert torch.equal(out, expected), (programs, schedule)
     assert_matches(out, matmul_ref(a, b, bias, alpha=1.5, beta=-0.5), REL_TOLERANCE[dtype])
-    with pytest.raises(ValueError, match="tail only"):
-        ws_matmul(a, b, config=dataclasses.replace(tail, k_chunks=3))
 
 
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_k_chunks_summed_in_a_tile_or_as_split_k_units_give_the_same_bits(dtype, tma):
     """K in chunks (batch-invariant configs): summed one after another inside each tile, or
-    each chunk a split-K unit, under either schedule: the same bits, and the reference's
-    values. Without chunks, whole K in one accumulator differs from the split in fp32 (so
-    the comparison can fail; fp16's rounding of the output mostly hides the difference)."""
+    each chunk a split-K unit, or a split tail of them (whole tiles summing in turn, the
+    rest split into their chunks), under either schedule: the same bits, and the
+    reference's values. Without chunks, whole K in one accumulator differs from the split in
+    fp32 (so the comparison can fail; fp16's rounding of the output mostly hides the
+    difference)."""
     chunked = dataclasses.replace(SMALL, k_chunks=3)
     tol = REL_TOLERANCE[dtype]
     differs = False
+    whole_tiles = 0  # of the tails: 4 of (40, 24)'s 6 tiles on the interpreter's 4 "SMs"
     for m, n, k in [(40, 24, 160), (16, 32, 48), (24, 8, 120)]:  # 10, 3 and 8 K steps
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         bias = torch.randn(n, dtype=dtype)
         in_tile = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=chunked, use_tma=tma)
         assert_matches(in_tile, matmul_ref(a, b, bias, alpha=1.5, beta=-0.5), tol)
-        for programs, schedule in [(5, Schedule.WORK_STEALING), (2, Schedule.STATIC)]:
-            split = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=dataclasses.replace(chunked, split_k=3),
+        for programs, schedule, tail in [(5, Schedule.WORK_STEALING, False), (2, Schedule.STATIC, False),
+                                         (5, Schedule.WORK_STEALING, True), (2, Schedule.STATIC, True)]:
+            config = dataclasses.replace(chunked, split_k=3, split_tail=tail)
+            whole_tiles = max(whole_tiles, launch.plan_for(a, b, bias, 1.5, -0.5, Knobs(config)).queue.whole_tiles)
+            split = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=config,
                               num_programs=programs, schedule=schedule, use_tma=tma)
-            assert torch.equal(split, in_tile), (m, n, k, programs, schedule)
+            assert torch.equal(split, in_tile), (m, n, k, programs, schedule, tail)
         whole = ws_matmul(a, b, bias, alpha=1.5, beta=-0.5, config=SMALL, use_tma=tma)
         differs |= not torch.equal(whole, in_tile)
     assert differs or dtype != torch.float32
+    assert whole_tiles == 4
     with pytest.raises(ValueError, match="k_chunks=3"):
         ws_matmul(a, b, config=dataclasses.replace(chunked, split_k=2))
 

@@ -4,8 +4,9 @@ split for some), so tests of batch invariance can fail there. Its small-M tiles 
 half the K step: a K split at whole steps, or a transposed product, may sum in the same
 order as the large-M tile (in December 2026's CI environment they did), so the step is what
 makes their bits differ. Batch-invariant configs sum K in chunks, as split-K units for
-few rows and inside each tile for many, as on the GPU. chunk_ends: where a config's K
-chunks end, the order-defining fact that batch-invariant configs share."""
+few rows, inside each tile for more, and as a split tail for many, as on the GPU.
+chunk_ends: where a config's K chunks end, the order-defining fact that batch-invariant
+configs share."""
 
 import dataclasses
 
@@ -25,9 +26,13 @@ def m_dependent_selector(m, n, k, batches, dtype, device, *, allow_split_k=True,
 
 def chunked_invariant_selector(m, n, k, batches, dtype, device, *, allow_split_k=True, warp_specialized=False):
     """Batch-invariant configs on the CPU with K in chunks, split-K units for few rows (as
-    the GPU's cost model would pick) and summed inside each tile otherwise."""
-    config = TileConfig(32, 32, 16, num_warps=4, num_stages=1, k_chunks=3)
-    return dataclasses.replace(config, split_k=3) if allow_split_k and m <= 24 else config
+    the GPU's cost model would pick), summed inside each tile for more, and for more than 32
+    split tail (whole tiles summing in turn, the rest split into chunks; 16x16 tiles: more
+    than the interpreter's 4 "SMs" for tens of rows)."""
+    config = TileConfig(16, 16, 16, num_warps=4, num_stages=1, k_chunks=3)
+    if allow_split_k and (m <= 24 or m > 32):
+        return dataclasses.replace(config, split_k=3, split_tail=m > 32)
+    return config
 
 
 def chunk_ends(config: TileConfig, k: int) -> tuple:

@@ -273,22 +273,39 @@ def fits_chunked(config: TileConfig, num_warps: int | None = None) -> bool:
 def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candidates, units: int,
                       allow_split_k: bool, warp_specialized: bool) -> TileConfig:
     """The modeled fastest config for K in `chunks` chunks: the chunks summed in turn in
-    each tile (where its two accumulators fit) or (allow_split_k) each a split-K unit."""
-    best = None
+    each tile (where its two accumulators fit) or (allow_split_k) each a split-K unit, or a
+    split tail of them (whole tiles summing the chunks in turn, then the last wave's tiles
+    split into their chunks), taken as select_config takes a tail."""
+    best, best_cost = None, None
+    tail, tail_cost = None, None
     for config in candidates:
         restart_steps = (WARP_SPECIALIZED_CHUNK_RESTART_K_STEPS
                          if warp_specialized and (config.block_m, config.block_n, config.block_k)
                          in WARP_SPECIALIZED_TILES else CHUNK_RESTART_K_STEPS)
-        for split in ((1, chunks) if allow_split_k and chunks > 1 else (1,)):
-            if split == 1 and chunks > 1 and not fits_chunked(config):
-                continue
-            if split > 1 and num_tiles(m, n, batches, config) * split > 2 * units:
-                continue
-            restarts = (chunks - 1) * restart_steps * config.block_k if split == 1 else 0
-            cost = _modeled_cost(m, n, k + restarts, batches, config, split, units)
-            if best is None or cost < best[0]:
-                best = (cost, dataclasses.replace(config, split_k=split, k_chunks=chunks))
-    return best[1]
+        restarts = (chunks - 1) * restart_steps * config.block_k
+        tiles = num_tiles(m, n, batches, config)
+        in_turn = chunks == 1 or fits_chunked(config)
+        if in_turn:
+            cost = _modeled_cost(m, n, k + restarts, batches, config, 1, units)
+            if best_cost is None or cost < best_cost:
+                best, best_cost = dataclasses.replace(config, k_chunks=chunks), cost
+        if not allow_split_k or chunks == 1:
+            continue
+        if tiles * chunks <= 2 * units:
+            cost = _modeled_cost(m, n, k, batches, config, chunks, units)
+            if best_cost is None or cost < best_cost:
+                best, best_cost = dataclasses.replace(config, split_k=chunks, k_chunks=chunks), cost
+        # A tail's whole tiles sum the chunks on the Triton kernel (split launches run there),
+        # its slices do not restart: the model's K is between the two (the whole tiles' here).
+        if in_turn and tiles > units and 0 < tiles % units and (tiles % units) * chunks <= 2 * units:
+            whole_k = k + (chunks - 1) * CHUNK_RESTART_K_STEPS * config.block_k
+            cost = _modeled_cost(m, n, whole_k, batches, config, chunks, units, split_tail=True)
+            if tail_cost is None or cost < tail_cost:
+                tail = dataclasses.replace(config, split_k=chunks, k_chunks=chunks, split_tail=True)
+                tail_cost = cost
+    if tail is not None and tail_cost < (1 - TAIL_SPLIT_MIN_GAIN) * best_cost:
+        return tail
+    return best
 
 
 def invariant_k_chunks(n: int, k: int, element_size: int, candidates, units: int) -> int:

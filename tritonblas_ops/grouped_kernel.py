@@ -161,7 +161,7 @@ def ws_grouped_kernel(
                 n_end = end
                 a_batch = expert
         acc = _tile_product(
-            a_ptr, b_ptr, unit_a_desc, unit_b_desc, a_batch, b_batch, m0, n0, k_begin, k_end, m_end, n_end,
+            a_ptr, b_ptr, unit_a_desc, unit_b_desc, a_batch, b_batch, m0, n0, k_begin, k_end, 1, m_end, n_end,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, 1, INPUT_PRECISION, INT64_INDEX,
             USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,

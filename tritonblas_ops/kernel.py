@@ -153,7 +153,7 @@ def _program_descriptor(ptr, num_batches, rows, cols, stride_batch, stride_row, 
 
 @triton.jit
 def _tile_product(
-    a_ptr, b_ptr, a_desc, b_desc, a_batch, b_batch, m0, n0, k_begin, k_end,
+    a_ptr, b_ptr, a_desc, b_desc, a_batch, b_batch, m0, n0, k_begin, k_end, chunks,
     M, N,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
@@ -164,11 +164,11 @@ def _tile_product(
     """The fp32 product of A[a_batch]'s rows [m0, m0 + BLOCK_M) and B[b_batch]'s columns
 [n0, n0 + BLOCK_N) over K in [k_begin, k_end), in a fixed order: one output tile's.
 
-    K_CHUNKS > 1 (batch-invariant launches): the range in K_CHUNKS chunks of whole K steps,
-    each accumulated from zero and added to a total in order, exactly as split-K's partials
-    of those chunks are summed, so splitting K or not gives the same bits. Each chunk is a
-    loop of its own: a chunk's end tested inside one loop keeps Triton from pipelining the
-    MMAs (NOTES.md step 24).
+    K_CHUNKS > 1 (batch-invariant launches): the range in `chunks` chunks of whole K steps
+    (K_CHUNKS, or 1 for a split tail's slice, a chunk already), each accumulated from zero
+    and added to a total in order, exactly as split-K's partials of those chunks are summed,
+    so splitting K or not gives the same bits. Each chunk is a loop of its own: a chunk's end
+    tested inside one loop keeps Triton from pipelining the MMAs (NOTES.md step 24).
     """
     if K_CHUNKS == 1:
         return _k_range_product(
@@ -177,8 +177,8 @@ def _tile_product(
             BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, INT64_INDEX, USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,
         )
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_per_chunk = tl.cdiv(tl.cdiv(k_end - k_begin, BLOCK_K), K_CHUNKS) * BLOCK_K
-    for chunk in range(K_CHUNKS):
+    k_per_chunk = tl.cdiv(tl.cdiv(k_end - k_begin, BLOCK_K), chunks) * BLOCK_K
+    for chunk in range(chunks):
         # A chunk past K's end (planning leaves none) adds a zero, as split-K's empty slice.
         chunk_begin = k_begin + chunk * k_per_chunk
         total += _k_range_product(
@@ -379,7 +379,7 @@ def ws_matmul_kernel(
     whole_tiles,  # with SPLIT_K > 1, the tiles before this one are not split (a split tail)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
-    K_CHUNKS: tl.constexpr,  # chunks of a unit's K range summed in turn (batch-invariant), or 1
+    K_CHUNKS: tl.constexpr,  # chunks of a whole tile's K summed in turn (batch-invariant), or 1
     SUM_ROWS: tl.constexpr,
     NUM_SHARDS: tl.constexpr, COUNTER_STRIDE: tl.constexpr,
     WORK_STEALING: tl.constexpr,
@@ -437,6 +437,7 @@ def ws_matmul_kernel(
             tile = unit
             k_begin = 0
             k_end = K
+            chunks = K_CHUNKS
         else:
             sliced = unit >= whole_tiles
             slice_unit = tl.maximum(unit - whole_tiles, 0)
@@ -444,11 +445,13 @@ def ws_matmul_kernel(
             split = slice_unit % SPLIT_K
             k_begin = tl.where(sliced, split * k_per_split, 0)
             k_end = tl.where(sliced, tl.minimum(K, k_begin + k_per_split), K)
+            # K_CHUNKS > 1 only with a split tail, whose slices are its chunks (plan.py)
+            chunks = tl.where(sliced, 1, K_CHUNKS)
         batch, tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         m0 = tile_m * BLOCK_M
         n0 = tile_n * BLOCK_N
         acc = _tile_product(
-            a_ptr, b_ptr, a_desc, b_desc, batch, batch, m0, n0, k_begin, k_end, M, N,
+            a_ptr, b_ptr, a_desc, b_desc, batch, batch, m0, n0, k_begin, k_end, chunks, M, N,
             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNKS, INPUT_PRECISION, INT64_INDEX,
             USE_TMA, A_ROW_MAJOR, B_ROW_MAJOR,

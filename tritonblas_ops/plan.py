@@ -190,7 +190,8 @@ class LaunchPlan:
             alpha=alpha, beta=beta, max_spins=self.max_spins, whole_tiles=self.queue.whole_tiles,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             GROUP_M=config.group_m, SPLIT_K=config.split_k,
-            K_CHUNKS=config.k_chunks if config.split_k == 1 else 1,  # split: a unit is a chunk
+            # split: a slice is a chunk; a split tail's whole tiles sum the chunks in turn
+            K_CHUNKS=config.k_chunks if config.split_k == 1 or config.split_tail else 1,
             SUM_ROWS=config.sum_rows,
             **self.queue.kernel_constants(),
             CHECKED=self.checked,
@@ -344,9 +345,9 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     else:
         config = select_config(hint(m), hint(n), hint(k), hint(batches), dtype, device,
                                allow_split_k=not dynamic, allow_swap_ab=not dynamic)
-    if config.k_chunks > 1 and (config.split_k not in (1, config.k_chunks) or config.split_tail):
+    if config.k_chunks > 1 and config.split_k not in (1, config.k_chunks):
         raise ValueError(f"a config with k_chunks={config.k_chunks} splits K into 1 or {config.k_chunks} "
-                         f"units, every tile alike, not {config.split_k}" + " (tail only)" * config.split_tail)
+                         f"units (its chunks), not {config.split_k}")
     swap_ab = config.swap_ab
     if swap_ab:  # C^T = B^T @ A^T: the same kernel on transposed views
         a, b, c = b.transposed(), a.transposed(), c.transposed()
