@@ -22,7 +22,7 @@
 # model benchmark's policy and fusion variants against default Inductor, CUDA graphs on and off: on the
 # H200 ~1.3 min for the four small models and ~1.5 min for llama_8b, 2026-12-05) are not in the default
 # list either.
-# invariant (not in the default list, ~4 min on an H100): batch-invariant mode on 21 shapes (decode,
+# invariant (not in the default list, ~4 min on an H100): batch-invariant mode on 26 shapes (decode,
 # skinny, K-heavy, small, big), then the quick corpus with and without the mode, one after the other.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
 set -uo pipefail
@@ -111,7 +111,7 @@ if has invariant; then
   invariant_shapes=1x4096x14336,1x14336x4096,16x14336x4096,16x4096x14336,128x4096x14336,1x28672x8192,1x8192x28672
   invariant_shapes+=,16x4096x4096,64x8192x8192,128x8192x8192,1024x1024x16384,256x512x32768,512x512x16384,128x1024x32768
   invariant_shapes+=,1024x1024x1024,1000x1000x1000,8192x1000x4096,6144x2000x3000,2048x2048x2048,4096x4096x4096
-  invariant_shapes+=,8192x4096x14336,1x1000x14336,8192x1000x14336,16x1024x4096
+  invariant_shapes+=,8192x4096x14336,1x1000x14336,8192x1000x14336,16x1024x4096,3072x768x8192,768x3072x8192
   python3 -m benchmarks.bench --batch-invariant --warmup-ms 10 --rep-ms 30 --shapes $invariant_shapes \
     --out "$OUT/${card}_bf16_invariant.csv" 2>&1 | tee "$OUT/invariant.log" | tail -30
   python3 -m benchmarks.bench --corpus quick --batch-invariant --warmup-ms 10 --rep-ms 30 \
