@@ -4,7 +4,8 @@
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min (since the
 # warp-specialized kernel, 2026-12-05 on a fresh H100: tests ~6 min, ws_tests, its tests and the grouped GEMM's,
-# ~3, integration without them ~5; give tests a call of its own; each test stage's limit: TESTS_TIMEOUT, 560 s),
+# ~3, integration without them ~5; give tests a call of its own; each test stage's limit: TESTS_TIMEOUT, 560 s;
+# TESTS_K, a pytest -k expression, picks some of the kernel's tests),
 # deploy ~4 min (AOTInductor compiles), bench ~2 min (68 shapes; 51 took ~1.5 min; merge its rows into benchmarks/results/
 # and run `python -m benchmarks.policy_table` to refresh policy "auto"'s measurements), contention ~1 min, sweep (tile configs for select_config) ~5 min before its `models` line was added (not yet timed with it), the rest
 # under a minute each (handoff, the live budget's wait with an idle floor: ~1 min); one device call may run 10 minutes. models_small and models_8b (benchmarks/models.py,
@@ -50,7 +51,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.lo
 kernel_tests="tests/test_gpu.py"
 ws_tests="tests/test_warp_specialized.py tests/test_grouped.py"
 deploy_tests="tests/test_export.py tests/test_csrc_stubs.py"
-has tests && timeout ${TESTS_TIMEOUT:-560} python3 -m pytest $kernel_tests -m gpu -q -p no:cacheprovider -rfEs \
+has tests && timeout ${TESTS_TIMEOUT:-560} python3 -m pytest $kernel_tests -m gpu ${TESTS_K:+-k "$TESTS_K"} -q -p no:cacheprovider -rfEs \
   2>&1 | grep -v "^DEBUG" | tee "$OUT/gpu_tests.log" | tail -15
 has ws_tests && timeout ${TESTS_TIMEOUT:-560} python3 -m pytest $ws_tests -m gpu -q -p no:cacheprovider -rfEs \
   2>&1 | grep -v "^DEBUG" | tee "$OUT/ws_tests.log" | tail -15
