@@ -411,10 +411,12 @@ def main(argv: list[str] | None = None) -> None:
              for graphs in args.graphs if not (step == "train" and shapes[name].cache)]
     rows = []
     for name, step, graphs in tqdm(cases, unit="case"):
-        rows += measure_case(name, shapes[name], step, graphs, args, env)
+        case_rows = measure_case(name, shapes[name], step, graphs, args, env)
+        rows += case_rows
+        if args.out:  # as it goes: a run stopped at a time limit keeps its rows
+            results.append(args.out, case_rows, env)
     print(table(rows))
     if args.out:
-        results.append(args.out, rows, env)
         print(f"appended {len(rows)} rows to {args.out}")
 
 

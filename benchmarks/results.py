@@ -103,7 +103,8 @@ def check_columns(csv_path: pathlib.Path, row_type: type) -> list[str]:
 
 
 def append(csv_path: pathlib.Path, rows: list, env: dict) -> None:
-    """rows: dataclass instances of one type (Row, or another harness's own)."""
+    """rows: dataclass instances of one type (Row, or another harness's own). A run that
+    appends as it goes (its rows kept if it is stopped) records its environment once."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     new = not csv_path.exists()
     header = check_columns(csv_path, type(rows[0]) if rows else Row)
@@ -114,7 +115,8 @@ def append(csv_path: pathlib.Path, rows: list, env: dict) -> None:
         writer.writerows(_rounded(dataclasses.asdict(r)) for r in rows)
     json_path = csv_path.with_suffix(".json")
     runs = json.loads(json_path.read_text()) if json_path.exists() else []
-    json_path.write_text(json.dumps([*runs, env], indent=1, default=str) + "\n")
+    if not runs or runs[-1].get("timestamp") != env["timestamp"]:
+        json_path.write_text(json.dumps([*runs, env], indent=1, default=str) + "\n")
 
 
 def _rounded(fields: dict) -> dict:

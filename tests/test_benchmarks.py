@@ -85,6 +85,7 @@ def test_models_smoke_run_times_every_model_step_and_variant(tmp_path):
         [("gpt2_mlp", "forward"), ("gpt2_mlp", "train"), ("decode_8b_t1", "forward")]
         for variant in ("default", "routed", "routed_fused", "routed_auto")}
     assert all(float(r["p50_ms"]) > 0 and float(r["vs_default"]) > 0 for r in rows)
+    assert len(json.loads(out.with_suffix(".json").read_text())) == 1  # rows per case, one run
     # The kernel ran (not bitwise Inductor's: on the CPU every policy routes), and agrees.
     routed = [float(r["rel_err"]) for r in rows if r["variant"].startswith("routed")]
     assert all(0 < err < 1e-5 for err in routed)
