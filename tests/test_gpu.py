@@ -549,12 +549,13 @@ def batch_invariant():
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "tf32"], indirect=True)
 @pytest.mark.parametrize("name", ["ws_mm", "ws_addmm", "ws_bmm"])
-@pytest.mark.parametrize("n,k", [(4096, 4096), (1000, 14336), (512, 32768)])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (1000, 14336), (512, 32768), (768, 8192)])
 def test_batch_invariant_rows_from_decode_to_prefill(name, n, k, precision, batch_invariant):
     """Every row of ws_mm(a[:m], b) bitwise equal to that row of ws_mm(a, b), m from 1 to
     8192: tiles from 64x32 to 128x256 as M grows (K steps of 256 to 64), and where a decode
-    unit would stream much of B (N = 1000 with K = 14336, N = 512 with K = 32768) K in
-    chunks that are split-K units for few rows and summed inside each tile for many."""
+    unit would stream much of B (N = 1000 with K = 14336, N = 512 with K = 32768, N = 768
+    with K = 8192) K in chunks that are split-K units for few rows, summed inside each tile
+    for many, and for 3072 and 4096 rows of N = 768 a split tail of both."""
     dtype = DTYPES[precision]
     batches = 2 if name == "ws_bmm" else 1
     a = torch.randn(batches, 8192, k, dtype=dtype, device="cuda")
@@ -574,8 +575,10 @@ def test_batch_invariant_rows_from_decode_to_prefill(name, n, k, precision, batc
     else:
         reference = matmul_ref(a[..., :64, :], b if name == "ws_bmm" else b[0])
     assert_matches(full[..., :64, :], reference.reshape(full[..., :64, :].shape), tolerance(precision))
-    for rows in (1, 2, 7, 16, 17, 64, 100, 128, 1000, 4096):
+    for rows in (1, 2, 7, 16, 17, 64, 100, 128, 1000, 3072, 4096):
         assert torch.equal(call(rows), full[..., :rows, :]), rows
+    if n == 768:
+        assert launch.plan_for(a[0, :3072], b[0], None, 1.0, 1.0).config.split_tail
 
 
 @pytest.mark.usefixtures("batch_invariant")
