@@ -295,8 +295,8 @@ def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candida
             cost = _modeled_cost(m, n, k, batches, config, chunks, units)
             if best_cost is None or cost < best_cost:
                 best, best_cost = dataclasses.replace(config, split_k=chunks, k_chunks=chunks), cost
-        # A tail's whole tiles sum the chunks on the Triton kernel (split launches run there),
-        # its slices do not restart: the model's K is between the two (the whole tiles' here).
+        # A tail's whole tiles sum the chunks in turn on the Triton kernel (split launches run
+        # there); its slices restart nothing, but the model has one K: the whole tiles'.
         if in_turn and tiles > units and 0 < tiles % units and (tiles % units) * chunks <= 2 * units:
             whole_k = k + (chunks - 1) * CHUNK_RESTART_K_STEPS * config.block_k
             cost = _modeled_cost(m, n, whole_k, batches, config, chunks, units, split_tail=True)
