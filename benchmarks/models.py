@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, step, graphs in tqdm(cases, unit="case"):
         case_rows = measure_case(name, shapes[name], step, graphs, args, env)
         rows += case_rows
-        if args.out:  # as it goes: a run stopped at a time limit keeps its rows
+        if args.out and case_rows:  # as it goes: a run stopped at a time limit keeps its rows
             results.append(args.out, case_rows, env)
     print(table(rows))
     if args.out:
