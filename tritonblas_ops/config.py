@@ -185,6 +185,17 @@ def num_tiles(m: int, n: int, batches: int, config: TileConfig) -> int:
     return -(-m // config.block_m) * -(-n // config.block_n) * batches
 
 
+def _tail_splittable(tiles: int, split_k: int, units: int) -> bool:
+    """Whether a split tail of `split_k` slices is a choice: whole waves before a partial
+    last one, whose tiles' slices fill at most two waves."""
+    return tiles > units and 0 < tiles % units and (tiles % units) * split_k <= 2 * units
+
+
+def _tail_or_best(tail: TileConfig | None, tail_cost, best: TileConfig, best_cost) -> TileConfig:
+    """The split tail where the model has it TAIL_SPLIT_MIN_GAIN ahead of the best other choice."""
+    return tail if tail is not None and tail_cost < (1 - TAIL_SPLIT_MIN_GAIN) * best_cost else best
+
+
 def _modeled_cost(m: int, n: int, k: int, batches: int, config: TileConfig, split_k: int,
                   units: int, split_tail: bool = False) -> float:
     """Time of the launch in FLOPs of one SM running the best tile: waves of work units, each
@@ -238,13 +249,11 @@ def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
                 cost = _modeled_cost(m, n, k, batches, config, split_k, units)
                 if best_cost is None or cost < best_cost:
                     best, best_cost = dataclasses.replace(config, split_k=split_k), cost
-            if split_k > 1 and tiles > units and 0 < tiles % units and (tiles % units) * split_k <= 2 * units:
+            if split_k > 1 and _tail_splittable(tiles, split_k, units):
                 cost = _modeled_cost(m, n, k, batches, config, split_k, units, split_tail=True)
                 if tail_cost is None or cost < tail_cost:
                     tail, tail_cost = dataclasses.replace(config, split_k=split_k, split_tail=True), cost
-    if tail is not None and tail_cost < (1 - TAIL_SPLIT_MIN_GAIN) * best_cost:
-        return tail
-    return best
+    return _tail_or_best(tail, tail_cost, best, best_cost)
 
 
 def k_chunk_choices(k: int, block_ks) -> list[int]:
@@ -297,15 +306,13 @@ def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candida
                 best, best_cost = dataclasses.replace(config, split_k=chunks, k_chunks=chunks), cost
         # A tail's whole tiles sum the chunks in turn on the Triton kernel (split launches run
         # there); its slices restart nothing, but the model has one K: the whole tiles'.
-        if in_turn and tiles > units and 0 < tiles % units and (tiles % units) * chunks <= 2 * units:
+        if in_turn and _tail_splittable(tiles, chunks, units):
             whole_k = k + (chunks - 1) * CHUNK_RESTART_K_STEPS * config.block_k
             cost = _modeled_cost(m, n, whole_k, batches, config, chunks, units, split_tail=True)
             if tail_cost is None or cost < tail_cost:
                 tail = dataclasses.replace(config, split_k=chunks, k_chunks=chunks, split_tail=True)
                 tail_cost = cost
-    if tail is not None and tail_cost < (1 - TAIL_SPLIT_MIN_GAIN) * best_cost:
-        return tail
-    return best
+    return _tail_or_best(tail, tail_cost, best, best_cost)
 
 
 def invariant_k_chunks(n: int, k: int, element_size: int, candidates, units: int) -> int:
