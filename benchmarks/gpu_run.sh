@@ -81,8 +81,11 @@ if has sweep || has sweep_splits; then  # sweep_splits (~1.5 min): its last thre
   # Split tails (NOTES.md step 57) beside the unsplit tiles (the warp-specialized kernel's) and uniform splits
   sweep 3072x768x8192,768x3072x8192,1024x2816x4096,2816x1024x4096,2304x1024x8192 \
     128x128x64w4s4k8r,128x128x64w4s4k4r,128x128x64w4s4k3r,128x128x64w4s4k2r,128x256x64w8s3k2r,128x256x64w8s3k1,128x128x64w8s4k1,128x256x64w8s3k3
-  # Batch-invariant mode's K chunks (NOTES.md step 58): the old choice, in turn on 128x128, a split tail
-  sweep 3072x768x8192 128x64x128w4s4k1c2,128x128x64w8s4k1c2,128x128x64w8s4k2c2r
+  # Batch-invariant mode's K chunks (NOTES.md step 58): the old choice, in turn on 128x128, a split tail;
+  # 768x3072x8192 has one chunk today (its old choice is 128x256 in the line above): what two would give
+  sweep 3072x768x8192,768x3072x8192 128x64x128w4s4k1c2,128x128x64w8s4k1c2,128x128x64w8s4k2c2r
+  # and decode of that (N, K) with two chunks: today's tile, the chunks as split-K units, in turn
+  sweep 1x3072x8192,16x3072x8192 64x32x256w4s4k1,64x64x128w4s6k2c2,64x32x256w4s4k1c2
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8
