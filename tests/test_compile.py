@@ -63,12 +63,14 @@ def test_grouped_kernel_compiles(ragged, use_tma, int64_index, live_budget):
     assert compile_for_hopper(ws_grouped_kernel, constants, descriptors).asm["ptx"]
 
 
-@pytest.mark.parametrize("use_tma,split_k,work_stealing", [(True, 1, True), (False, 1, True), (True, 4, True),
-                                                         (False, 2, False), ("operands", 1, True)])
-def test_gemm_kernel_compiles(use_tma, split_k, work_stealing):
+@pytest.mark.parametrize("use_tma,split_k,work_stealing,k_chunks", [
+    (True, 1, True, 1), (False, 1, True, 1), (True, 4, True, 1), (False, 2, False, 1), ("operands", 1, True, 1),
+    (True, 2, True, 2), (False, 2, True, 2)])
+def test_gemm_kernel_compiles(use_tma, split_k, work_stealing, k_chunks):
     """use_tma "operands": A's and B's descriptors from the host, C's made by the programs (the
-    inline form under CUDA graphs)."""
-    constants = dict(TILE, SPLIT_K=split_k, K_CHUNKS=1, SUM_ROWS=32, WORK_STEALING=work_stealing,
+    inline form under CUDA graphs). K chunks as split-K units (batch-invariant): a split
+    tail's whole tiles sum them in turn, a run-time count of chunks."""
+    constants = dict(TILE, SPLIT_K=split_k, K_CHUNKS=k_chunks, SUM_ROWS=32, WORK_STEALING=work_stealing,
                      INT64_INDEX=False, USE_TMA=use_tma, A_ROW_MAJOR=True, B_ROW_MAJOR=True, TMA_STORE=use_tma,
                      ACTIVATION="silu", GATE=split_k == 1, unit_counts_ptr=None)
     if split_k == 1:
