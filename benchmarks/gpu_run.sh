@@ -75,7 +75,7 @@ if has sweep; then  # select_config's calibration: forced tile configs beside it
   sweep 1024x2816x4096,2816x1024x4096,768x3072x8192,3072x768x8192,1024x1024x4096 \
     128x128x64w8s4k1,128x128x64w4s4k2,128x128x64w4s4k3,64x128x64w4s4k1,64x128x64w4s4k2,128x64x64w4s4k2,128x256x64w8s3k2,128x256x64w8s3k1,128x64x128w4s4k1
 fi
-if has sweep || has sweep_splits; then  # sweep_splits (~1.5 min): its last three lines alone
+if has sweep || has sweep_splits; then  # sweep_splits (~2 min, not yet timed): the split-K and K-chunk lines alone
   # What a dearer split-K partial (NOTES.md step 54) would pick where nothing measured it yet
   sweep 2048x1024x32768,128x8192x28672 128x256x64w8s3k2,128x256x64w8s3k4,128x128x64w4s4k1,128x128x64w4s4k2
   # Split tails (NOTES.md step 57) beside the unsplit tiles (the warp-specialized kernel's) and uniform splits
