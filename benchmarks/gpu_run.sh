@@ -35,6 +35,9 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
+# Triton's kernels compiled by the last call (benchmarks/kernel_cache.py): restored first, saved last
+export TRITON_CACHE_DIR=/tmp/tritonblas_triton_cache TRITON_STORE_BINARY_ONLY=1
+[[ -f .gpu_cache/triton_cache.tar.xz ]] && python3 -m benchmarks.kernel_cache restore .gpu_cache/triton_cache.tar.xz $TRITON_CACHE_DIR
 # Result files are named for the card that ran them (the lent kind may come as an H100).
 case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
   *H200*) card=h200 ;; *H100*) card=h100 ;; *) card=gpu ;;
@@ -138,3 +141,4 @@ if has dtypes; then
   python3 -m benchmarks.bench --corpus quick --dtype fp32 --b-layout k-major --out "$OUT/${card}_fp32_kmajor.csv" 2>&1 \
     | tee "$OUT/bench_fp32_kmajor.log" | tail -16
 fi
+if [[ -d $TRITON_CACHE_DIR ]]; then python3 -m benchmarks.kernel_cache save $TRITON_CACHE_DIR "$OUT/triton_cache.tar.xz"; fi

@@ -3,13 +3,19 @@ shapes): every provider passes the float64 gate and lands in the CSV."""
 
 import csv
 import json
+import os
+import shutil
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 import tritonblas_ops
 
-from benchmarks import bench, corpus, measure, overhead
+from benchmarks import bench, corpus, kernel_cache, measure, overhead
 from benchmarks.providers import config_name, parse_config
 
 
@@ -374,3 +380,47 @@ def test_epilogues_benchmark_says_it_needs_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         epilogues.main(["--shapes", "64x64x64"])
+
+
+@triton.jit
+def _scale_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * 2, mask=offsets < n)
+
+
+def test_kernel_cache_archive_gives_triton_a_cache_hit(tmp_path, monkeypatch):
+    """A kernel compiled (for sm_90, on the CPU) into the cache, archived, the cache
+    deleted and restored from the archive: Triton's next compile of it is a cache hit."""
+    cache_dir = tmp_path / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("TRITON_STORE_BINARY_ONLY", "1")
+    hits = []
+    monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))
+
+    def compile_kernel():
+        signature = {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+        source = ASTSource(_scale_kernel, signature, {(_scale_kernel.arg_names.index("BLOCK"),): 64})
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32))
+
+    compile_kernel()
+    archive = tmp_path / kernel_cache.ARCHIVE
+    assert kernel_cache.save(str(cache_dir), str(archive))
+    shutil.rmtree(cache_dir)
+    assert kernel_cache.restore(str(archive), str(cache_dir)) == 1
+    compiled = compile_kernel()
+    assert hits == [False, True]
+    assert compiled.asm["cubin"] and "ptx" not in compiled.asm  # binaries only
+
+
+def test_kernel_cache_keeps_the_newest_entries_that_fit(tmp_path):
+    cache_dir = tmp_path / "cache"
+    for age, entry in enumerate(["new", "mid", "old"]):
+        (cache_dir / entry).mkdir(parents=True)
+        member = cache_dir / entry / "kernel.cubin"
+        member.write_bytes(os.urandom(400_000))  # incompressible
+        os.utime(member, (1e9 - age, 1e9 - age))
+    archive = tmp_path / kernel_cache.ARCHIVE
+    assert kernel_cache.save(str(cache_dir), str(archive), max_mib=1) == ["new", "mid"]
+    assert kernel_cache.restore(str(archive), str(tmp_path / "restored")) == 2
+    assert (tmp_path / "restored" / "new" / "kernel.cubin").read_bytes() == (cache_dir / "new" / "kernel.cubin").read_bytes()
+    assert kernel_cache.save(str(cache_dir), str(tmp_path / "none.tar.xz"), max_mib=0.1) == []
