@@ -223,3 +223,47 @@ def test_calls_without_grads_skip_custom_ops_autograd_layer():
     assert out.grad_fn is not None
     out.sum().backward()
     assert_matches(a.grad, torch.ones(8, 6).double() @ b.double().T, FP32)
+
+
+@pytest.mark.skipif(not fastpath.ENABLED, reason="the cached launch before the body is a fast path")
+def test_ops_launch_a_cached_plan_before_their_checks_and_body(monkeypatch):
+    """A call whose plan is cached (a stand-in launch here: on the CPU none is cached)
+    launches it from the autograd kernel, skipping the op's checks and body; a key that
+    differs (B's dtype), an op of another rank or an activation of another op finds none,
+    and the checks raise as before."""
+    from tritonblas_ops import launch
+
+    monkeypatch.setattr(fastpath, "current_device", lambda: -1)
+    monkeypatch.setattr(fastpath, "current_stream", lambda index: 0)
+    launched = []
+
+    def stand_in(grid, stream, tensors, alpha, beta):
+        tensors[2].fill_(7.0)  # the output
+        launched.append((tensors[3], alpha, beta))
+
+    a, b, gate = torch.randn(32, 48), torch.randn(48, 40), torch.randn(40)
+
+    def cache(bias, alpha, beta, activation):
+        key = launch._plan_key(a, b, bias, alpha, beta, activation)
+        the_plan = launch.plan_for(a, b, bias, alpha, beta, activation=activation)
+        monkeypatch.setitem(launch._cache, key, launch._Cached(the_plan, stand_in, the_plan.queue.numel))
+
+    cache(None, 1.0, 1.0, "none")
+    cache(gate, 0.5, 2.0, "none")
+    cache(gate, 1.0, 1.0, "gate_silu")
+    sevens = torch.full((32, 40), 7.0)
+    assert torch.equal(ops.ws_mm(a, b), sevens) and launched.pop() == (None, 1.0, 1.0)
+    assert torch.equal(ops.ws_addmm(gate, a, b, beta=2.0, alpha=0.5), sevens)
+    assert launched.pop() == (gate, 0.5, 2.0)
+    assert torch.equal(ops.ws_mm_gated(a, b, gate, activation="silu"), sevens)
+    assert launched.pop() == (gate, 1.0, 1.0)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ops.ws_mm(a, b.double())
+    with pytest.raises(RuntimeError, match="must be a 3-D tensor"):
+        ops.ws_bmm(a, b)
+    with pytest.raises(RuntimeError, match="activation must be one of"):
+        ops.ws_mm_act(a, b, gate, activation="gate_silu")
+    assert launched == []
+    # A call that needs a gradient takes autograd's way: the body, which launches the plan.
+    out = ops.ws_mm(a.requires_grad_(), b)
+    assert out.grad_fn is not None and torch.equal(out, sevens) and launched == [(None, 1.0, 1.0)]

@@ -9,7 +9,9 @@ public way everywhere, and tests/test_fastpath.py checks both ways give equal bi
 - Cached launches call Triton's compiled kernel directly with the plan's argument list
   (CompiledKernel.run, the C launcher under it), instead of JITFunction's argument binding.
 - The ops' bodies registered on the CPU and CUDA dispatch keys, and an autograd kernel
-  that calls the body when nothing needs a gradient, instead of custom_op's wrappers.
+  that, when nothing needs a gradient, launches a cached plan for the call (skipping the
+  op's checks: the plan's key proves them) or else calls the body, instead of custom_op's
+  wrappers.
 """
 
 import os
@@ -242,18 +244,21 @@ def register_body(library: torch.library.Library, name: str, body) -> None:
             library.impl(name, body, dispatch_key)
 
 
-def skip_autograd_without_grads(autograd_kernel, body):
+def skip_autograd_without_grads(autograd_kernel, body, cached_launch):
     """The op's autograd kernel, with a shortcut: a call that needs no gradient (no input
     requires grad, no forward-mode tangent can be there) and whose keys below autograd lead
     straight to the body (no dispatch mode, subclass, functionalization or other wrapper)
-    calls the body directly, skipping a re-dispatch. Public way: autograd_kernel itself."""
+    launches a cached plan (cached_launch: the output, or None where no plan for the call
+    is cached), else calls the body directly, skipping a re-dispatch. Public way:
+    autograd_kernel itself."""
     if not ENABLED:
         return autograd_kernel
 
     def shortcut(keyset, *args, **keyword_only_args):
         if (_leads_straight_to_body(keyset) and forward_ad._current_level < 0
                 and not _needs_grad(args)):
-            return body(*args, **keyword_only_args)
+            out = cached_launch(*args, **keyword_only_args)
+            return body(*args, **keyword_only_args) if out is None else out
         return autograd_kernel(keyset, *args, **keyword_only_args)
 
     return shortcut

@@ -45,7 +45,8 @@ from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kerne
 CHECKED_ENV = "TRITONBLAS_OPS_CHECKED"
 _checked = settings.parse_bool(CHECKED_ENV, os.environ.get(CHECKED_ENV, "0"))
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # not fake, not functional
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not fake, not functional
+_PLAIN = (*_PLAIN_TENSORS, type(None))
 MAX_PLANS = 1024
 
 
@@ -338,13 +339,15 @@ def cached_plans() -> list[LaunchPlan]:
 
 
 def _plan_key(a, b, bias, alpha, beta, activation) -> tuple:
-    """Everything a plan depends on besides the data: shapes, strides, dtype, device, the
+    """Everything a plan depends on besides the data: shapes, strides, dtypes, devices, the
     operands' 16-byte alignment (Triton specializes on it; so does the TMA choice), the
     bias's layout, the special values of alpha and beta, TF32, the shard setting, whether
     the launch is checked, batch invariance, the warp-specialized kernel's setting, the SM
-    budgets (static and live), and the epilogue's activation."""
-    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(),
-            None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16),
+    budgets (static and live), and the epilogue's activation. Every operand's dtype and
+    device are in it, so a call that finds a plan is as valid as the call that made it."""
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(), b.get_device(),
+            None if bias is None else (bias.shape, bias.stride(), bias.data_ptr() % 16, bias.dtype,
+                                       bias.get_device()),
             a.data_ptr() % 16, b.data_ptr() % 16, alpha == 0, beta == 0,
             a.dtype == torch.float32 and tf32_enabled(), shard_setting(),
             checking(a),
@@ -362,6 +365,21 @@ def _cached_call(a, b, bias, alpha: float, beta: float, activation: str = "none"
         return out
     if cached.launch is None:
         return execute(cached.plan, a, b, bias, alpha, beta)[0]
+    return _launch_on_its_device(cached, a, b, bias, alpha, beta)
+
+
+def launch_if_cached(a, b, bias, alpha: float, beta: float, activation: str, rank: int) -> torch.Tensor | None:
+    """The output of a cached launch (fastpath.CompiledLaunch) where a plan for these
+    arguments, `rank`-D, is cached, else None: the ops try this before their checks
+    (fastpath.py), as the key proves the call as valid as the one that planned it."""
+    if type(a) in _PLAIN_TENSORS and type(b) in _PLAIN_TENSORS and type(bias) in _PLAIN and a.dim() == rank:
+        cached = _cache.get(_plan_key(a, b, bias, alpha, beta, activation))
+        if cached is not None and cached.launch is not None:
+            return _launch_on_its_device(cached, a, b, bias, alpha, beta)
+    return None
+
+
+def _launch_on_its_device(cached: _Cached, a, b, bias, alpha: float, beta: float) -> torch.Tensor:
     index = a.get_device()
     if fastpath.current_device() != index:  # Triton launches on the current device
         with fastpath.device_guard(index):

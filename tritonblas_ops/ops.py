@@ -21,7 +21,7 @@ from torch.library import triton_op
 
 from tritonblas_ops import activations, fastpath
 from tritonblas_ops.activations import ACTIVATIONS, GATE_FUNCTIONS
-from tritonblas_ops.launch import ws_matmul
+from tritonblas_ops.launch import launch_if_cached, ws_matmul
 from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -360,10 +360,14 @@ def _has_tangent(args) -> bool:
 _LIBRARY = torch.library.Library(NAMESPACE, "IMPL")
 
 
-def _register_autograd(op, body, setup_context, backward, tangent) -> None:
+def _no_cached_launch(*args, **keyword_only_args) -> None:
+    return None
+
+
+def _register_autograd(op, body, setup_context, backward, tangent, cached_launch=_no_cached_launch) -> None:
     """register_autograd, plus an autograd kernel (AutogradCPU / AutogradCUDA) that handles
     forward mode and otherwise calls custom_op's own autograd kernel (fastpath.py may wrap
-    it to skip autograd for calls that need no gradient)."""
+    it to skip autograd for calls that need no gradient, trying `cached_launch` first)."""
     op.register_autograd(backward, setup_context=setup_context)
     reverse = torch._library.autograd.make_autograd_impl(op._opoverload, op)
     dual = _with_forward_ad(op, setup_context, backward, tangent)
@@ -378,7 +382,7 @@ def _register_autograd(op, body, setup_context, backward, tangent) -> None:
                 return dual.apply(*args, _Call(keyset, keyword_only_args))
         return reverse(keyset, *args, **keyword_only_args)
 
-    kernel = fastpath.skip_autograd_without_grads(autograd_kernel, body)
+    kernel = fastpath.skip_autograd_without_grads(autograd_kernel, body, cached_launch)
     for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
         _LIBRARY.impl(op._name, kernel, dispatch_key, with_keyset=True)
     fastpath.register_body(_LIBRARY, op._name, body)
@@ -388,10 +392,11 @@ def _register_autograd(op, body, setup_context, backward, tangent) -> None:
 # The ops
 # ---------------------------------------------------------------------------------------
 
-def _triton_op(name: str, *, setup_context, backward, tangent):
+def _triton_op(name: str, *, setup_context, backward, tangent, cached_launch):
     """`triton_op(f"tritonblas::{name}", mutates_args=())`, adopting the op if the C++ stubs
     already defined it (the schema torch infers from the annotations must be
-    SCHEMAS[name]), with its derivatives in both modes (_register_autograd)."""
+    SCHEMAS[name]), with its derivatives in both modes and its cached launch
+    (_register_autograd)."""
 
     def define(fn):
         with adopt_cpp_definitions():
@@ -402,14 +407,43 @@ def _triton_op(name: str, *, setup_context, backward, tangent):
                 f"'{defined_schema(name)}', schemas.SCHEMAS says '{SCHEMAS[name]}': change both "
                 f"(and csrc_stubs/tritonblas_stubs.cpp) together"
             )
-        _register_autograd(op, fn, setup_context, backward, tangent)
+        _register_autograd(op, fn, setup_context, backward, tangent, cached_launch)
         return op
 
     return define
 
 
+# Each op's cached launch (launch.launch_if_cached), tried before its checks and body: the
+# plan's key proves the operands as valid as those of the call that planned it, but not
+# which op that was, so each checks what tells the ops apart (rank, activation).
+
+
+def _ws_mm_cached(a, b):
+    return launch_if_cached(a, b, None, 1.0, 1.0, "none", rank=2)
+
+
+def _ws_addmm_cached(bias, a, b, *, beta=1.0, alpha=1.0):
+    return launch_if_cached(a, b, bias, alpha, beta, "none", rank=2)
+
+
+def _ws_bmm_cached(a, b):
+    return launch_if_cached(a, b, None, 1.0, 1.0, "none", rank=3)
+
+
+def _ws_mm_act_cached(a, b, bias, *, activation, alpha=1.0):
+    if activation in ACTIVATIONS:
+        return launch_if_cached(a, b, bias, alpha, 1.0, activation, rank=2)
+    return None
+
+
+def _ws_mm_gated_cached(a, b, gate, *, activation):
+    if activation in GATE_FUNCTIONS:
+        return launch_if_cached(a, b, gate, 1.0, 1.0, activations.GATE_PREFIX + activation, rank=2)
+    return None
+
+
 @_triton_op("ws_mm", setup_context=_save_operands, backward=_ws_mm_backward,
-            tangent=_ws_mm_tangent)
+            tangent=_ws_mm_tangent, cached_launch=_ws_mm_cached)
 def ws_mm(a: Tensor, b: Tensor) -> Tensor:
     """(M, K) @ (K, N) with the work-stealing kernel."""
     _check_operands("ws_mm", a, b, rank=2)
@@ -419,7 +453,7 @@ def ws_mm(a: Tensor, b: Tensor) -> Tensor:
 
 
 @_triton_op("ws_addmm", setup_context=_ws_addmm_setup, backward=_ws_addmm_backward,
-            tangent=_ws_addmm_tangent)
+            tangent=_ws_addmm_tangent, cached_launch=_ws_addmm_cached)
 def ws_addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: float = 1.0) -> Tensor:
     """beta * bias + alpha * (a @ b), as torch.addmm; bias is added in the kernel's epilogue."""
     _check_operands("ws_addmm", a, b, rank=2)
@@ -430,7 +464,7 @@ def ws_addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: fl
 
 
 @_triton_op("ws_bmm", setup_context=_save_operands, backward=_ws_bmm_backward,
-            tangent=_ws_bmm_tangent)
+            tangent=_ws_bmm_tangent, cached_launch=_ws_bmm_cached)
 def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
     """(B, M, K) @ (B, K, N): every batch's tiles join one work-stealing queue."""
     _check_operands("ws_bmm", a, b, rank=3)
@@ -440,7 +474,7 @@ def ws_bmm(a: Tensor, b: Tensor) -> Tensor:
 
 
 @_triton_op("ws_mm_act", setup_context=_save_inputs_and_activation, backward=_ws_mm_act_backward,
-            tangent=_ws_mm_act_tangent)
+            tangent=_ws_mm_act_tangent, cached_launch=_ws_mm_act_cached)
 def ws_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, *, activation: str, alpha: float = 1.0) -> Tensor:
     """activation(alpha * a @ b + bias) in one kernel: the epilogue scales, adds the bias and
     applies the activation (activations.ACTIVATIONS: relu, gelu, gelu_tanh, silu, none)
@@ -454,7 +488,7 @@ def ws_mm_act(a: Tensor, b: Tensor, bias: Tensor | None, *, activation: str, alp
 
 
 @_triton_op("ws_mm_gated", setup_context=_save_inputs_and_activation, backward=_ws_mm_gated_backward,
-            tangent=_ws_mm_gated_tangent)
+            tangent=_ws_mm_gated_tangent, cached_launch=_ws_mm_gated_cached)
 def ws_mm_gated(a: Tensor, b: Tensor, gate: Tensor, *, activation: str) -> Tensor:
     """activation(gate) * (a @ b) in one kernel: a gated linear unit's product (SwiGLU is
     activation "silu"), the gate (broadcastable to the output, like a bias) read by the
