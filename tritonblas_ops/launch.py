@@ -365,7 +365,7 @@ def _cached_call(a, b, bias, alpha: float, beta: float, activation: str = "none"
         return out
     if cached.launch is None:
         return execute(cached.plan, a, b, bias, alpha, beta)[0]
-    return _launch_on_its_device(cached, a, b, bias, alpha, beta)
+    return _launch_cached(cached, a, b, bias, alpha, beta)
 
 
 def launch_if_cached(a, b, bias, alpha: float, beta: float, activation: str, rank: int) -> torch.Tensor | None:
@@ -375,24 +375,20 @@ def launch_if_cached(a, b, bias, alpha: float, beta: float, activation: str, ran
     if type(a) in _PLAIN_TENSORS and type(b) in _PLAIN_TENSORS and type(bias) in _PLAIN and a.dim() == rank:
         cached = _cache.get(_plan_key(a, b, bias, alpha, beta, activation))
         if cached is not None and cached.launch is not None:
-            return _launch_on_its_device(cached, a, b, bias, alpha, beta)
+            return _launch_cached(cached, a, b, bias, alpha, beta)
     return None
 
 
-def _launch_on_its_device(cached: _Cached, a, b, bias, alpha: float, beta: float) -> torch.Tensor:
+def _launch_cached(cached: _Cached, a, b, bias, alpha: float, beta: float) -> torch.Tensor:
     index = a.get_device()
     if fastpath.current_device() != index:  # Triton launches on the current device
         with fastpath.device_guard(index):
             return _launch_cached(cached, a, b, bias, alpha, beta)
-    return _launch_cached(cached, a, b, bias, alpha, beta)
-
-
-def _launch_cached(cached: _Cached, a, b, bias, alpha: float, beta: float) -> torch.Tensor:
     plan, device = cached.plan, a.device
     out = torch.empty(plan.out_shape, dtype=a.dtype, device=device)
     a_arg, b_arg, bias_arg, partials = operands(plan, a, b, bias)
     counters = counter_pool.zeroed(cached.counters_numel, device)
-    cached.launch(plan.grid, fastpath.current_stream(device.index),
+    cached.launch(plan.grid, fastpath.current_stream(index),
                   (a_arg, b_arg, out, bias_arg, counters, partials, plan.live_budget), alpha, beta)
     return out
 
