@@ -228,9 +228,9 @@ def test_calls_without_grads_skip_custom_ops_autograd_layer():
 @pytest.mark.skipif(not fastpath.ENABLED, reason="the cached launch before the body is a fast path")
 def test_ops_launch_a_cached_plan_before_their_checks_and_body(monkeypatch):
     """A call whose plan is cached (a stand-in launch here: on the CPU none is cached)
-    launches it from the autograd kernel, skipping the op's checks and body; a key that
-    differs (B's dtype), an op of another rank or an activation of another op finds none,
-    and the checks raise as before."""
+    launches it from the autograd kernel, or under inference mode from the CPU / CUDA
+    kernel, skipping the op's checks and body; a key that differs (B's dtype), an op of
+    another rank or an activation of another op finds none, and the checks raise as before."""
     from tritonblas_ops import launch
 
     monkeypatch.setattr(fastpath, "current_device", lambda: -1)
@@ -264,6 +264,11 @@ def test_ops_launch_a_cached_plan_before_their_checks_and_body(monkeypatch):
     with pytest.raises(RuntimeError, match="activation must be one of"):
         ops.ws_mm_act(a, b, gate, activation="gate_silu")
     assert launched == []
-    # A call that needs a gradient takes autograd's way: the body, which launches the plan.
+    # Under inference mode the dispatcher skips autograd's kernel, and the backend's tries the plan.
+    with torch.inference_mode():
+        calls = _python_calls_of(lambda: ops.ws_addmm(gate, a, b, beta=2.0, alpha=0.5))
+    assert "shortcut" not in calls and "_ws_addmm_cached" in calls and "ws_addmm" not in calls, calls
+    assert launched.pop() == (gate, 0.5, 2.0)
+    # A call that needs a gradient takes autograd's way down to the backend's kernel: the plan.
     out = ops.ws_mm(a.requires_grad_(), b)
     assert out.grad_fn is not None and torch.equal(out, sevens) and launched == [(None, 1.0, 1.0)]

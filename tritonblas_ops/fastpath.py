@@ -9,9 +9,9 @@ public way everywhere, and tests/test_fastpath.py checks both ways give equal bi
 - Cached launches call Triton's compiled kernel directly with the plan's argument list
   (CompiledKernel.run, the C launcher under it), instead of JITFunction's argument binding.
 - The ops' bodies registered on the CPU and CUDA dispatch keys, and an autograd kernel
-  that, when nothing needs a gradient, launches a cached plan for the call (skipping the
-  op's checks: the plan's key proves them) or else calls the body, instead of custom_op's
-  wrappers.
+  that calls the body when nothing needs a gradient, instead of custom_op's wrappers; both
+  launch a cached plan for the call first where there is one (skipping the op's checks:
+  the plan's key proves them).
 """
 
 import os
@@ -235,13 +235,20 @@ def _needs_grad(args) -> bool:
     return False
 
 
-def register_body(library: torch.library.Library, name: str, body) -> None:
-    """Register the op's body as its CPU and CUDA kernel, skipping custom_op's wrapper there
-    (an aliasing check, a dynamo guard, triton_op's wrapper; outputs are always fresh
-    tensors, so no check is lost). Public way, with the fast paths off: custom_op's own."""
+def register_body(library: torch.library.Library, name: str, body, cached_launch) -> None:
+    """Register the op's body, after a cached launch (cached_launch: the output, or None
+    where no plan for the call is cached), as its CPU and CUDA kernel, skipping custom_op's
+    wrapper there (an aliasing check, a dynamo guard, triton_op's wrapper; outputs are
+    always fresh tensors, so no check is lost). These keys are reached from autograd's
+    kernel when a gradient is needed and directly under torch.inference_mode. Public way,
+    with the fast paths off: custom_op's own."""
     if ENABLED:
+        def cached_or_body(*args, **keyword_only_args):
+            out = cached_launch(*args, **keyword_only_args)
+            return body(*args, **keyword_only_args) if out is None else out
+
         for dispatch_key in ("CPU", "CUDA"):
-            library.impl(name, body, dispatch_key)
+            library.impl(name, cached_or_body, dispatch_key)
 
 
 def skip_autograd_without_grads(autograd_kernel, body, cached_launch):

@@ -385,7 +385,7 @@ def _register_autograd(op, body, setup_context, backward, tangent, cached_launch
     kernel = fastpath.skip_autograd_without_grads(autograd_kernel, body, cached_launch)
     for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
         _LIBRARY.impl(op._name, kernel, dispatch_key, with_keyset=True)
-    fastpath.register_body(_LIBRARY, op._name, body)
+    fastpath.register_body(_LIBRARY, op._name, body, cached_launch)
 
 
 # ---------------------------------------------------------------------------------------
