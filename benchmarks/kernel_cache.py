@@ -1,8 +1,8 @@
 """Triton's compiled kernels, carried from one device call to the next.
 
 A fresh device machine compiles every kernel that the tests and benchmarks launch, minutes
-of a 10-minute call. gpu_run.sh points Triton's cache at CACHE_DIR (a fixed path: Triton's
-group files name their members by absolute path) with TRITON_STORE_BINARY_ONLY=1 (binaries
+of a 10-minute call. gpu_run.sh points Triton's cache at a fixed folder (Triton's group
+files name their members by absolute path) with TRITON_STORE_BINARY_ONLY=1 (binaries
 and metadata, no IR), restores the last call's archive there before the stages and saves
 the cache into $OUT/ARCHIVE after them. Copy that file into .gpu_cache/ (ignored by git)
 and carry the folder with the next call. A changed kernel has a new key and compiles
@@ -17,7 +17,6 @@ import io
 import os
 import tarfile
 
-CACHE_DIR = "/tmp/tritonblas_triton_cache"
 ARCHIVE = "triton_cache.tar.xz"
 MAX_MIB = 15  # a file back from the device may hold 16 MiB
 

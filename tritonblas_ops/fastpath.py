@@ -235,37 +235,41 @@ def _needs_grad(args) -> bool:
     return False
 
 
-def register_body(library: torch.library.Library, name: str, body, cached_launch) -> None:
-    """Register the op's body, after a cached launch (cached_launch: the output, or None
-    where no plan for the call is cached), as its CPU and CUDA kernel, skipping custom_op's
-    wrapper there (an aliasing check, a dynamo guard, triton_op's wrapper; outputs are
-    always fresh tensors, so no check is lost). These keys are reached from autograd's
-    kernel when a gradient is needed and directly under torch.inference_mode. Public way,
-    with the fast paths off: custom_op's own."""
+def cached_launch_first(cached_launch, body):
+    """The op's body after a cached launch (cached_launch: the output, or None where no
+    plan for the call is cached; the plan's key proves the op's checks): what
+    register_body and skip_autograd_without_grads take as the body. Public way, with the
+    fast paths off: the body alone, behind custom_op's wrappers."""
+    def cached_or_body(*args, **keyword_only_args):
+        out = cached_launch(*args, **keyword_only_args)
+        return body(*args, **keyword_only_args) if out is None else out
+
+    return cached_or_body
+
+
+def register_body(library: torch.library.Library, name: str, body) -> None:
+    """Register the op's body as its CPU and CUDA kernel, skipping custom_op's wrapper there
+    (an aliasing check, a dynamo guard, triton_op's wrapper; outputs are always fresh
+    tensors, so no check is lost). These keys are reached from autograd's kernel when a
+    gradient is needed and directly under torch.inference_mode. Public way, with the fast
+    paths off: custom_op's own."""
     if ENABLED:
-        def cached_or_body(*args, **keyword_only_args):
-            out = cached_launch(*args, **keyword_only_args)
-            return body(*args, **keyword_only_args) if out is None else out
-
         for dispatch_key in ("CPU", "CUDA"):
-            library.impl(name, cached_or_body, dispatch_key)
+            library.impl(name, body, dispatch_key)
 
 
-def skip_autograd_without_grads(autograd_kernel, body, cached_launch):
+def skip_autograd_without_grads(autograd_kernel, body):
     """The op's autograd kernel, with a shortcut: a call that needs no gradient (no input
     requires grad, no forward-mode tangent can be there) and whose keys below autograd lead
     straight to the body (no dispatch mode, subclass, functionalization or other wrapper)
-    launches a cached plan (cached_launch: the output, or None where no plan for the call
-    is cached), else calls the body directly, skipping a re-dispatch. Public way:
-    autograd_kernel itself."""
+    calls the body directly, skipping a re-dispatch. Public way: autograd_kernel itself."""
     if not ENABLED:
         return autograd_kernel
 
     def shortcut(keyset, *args, **keyword_only_args):
         if (_leads_straight_to_body(keyset) and forward_ad._current_level < 0
                 and not _needs_grad(args)):
-            out = cached_launch(*args, **keyword_only_args)
-            return body(*args, **keyword_only_args) if out is None else out
+            return body(*args, **keyword_only_args)
         return autograd_kernel(keyset, *args, **keyword_only_args)
 
     return shortcut

@@ -45,8 +45,8 @@ from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kerne
 CHECKED_ENV = "TRITONBLAS_OPS_CHECKED"
 _checked = settings.parse_bool(CHECKED_ENV, os.environ.get(CHECKED_ENV, "0"))
 
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not fake, not functional
-_PLAIN = (*_PLAIN_TENSORS, type(None))
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not fake, not functional: sizes are ints
+_PLAIN = (*PLAIN_TENSORS, type(None))
 MAX_PLANS = 1024
 
 
@@ -372,7 +372,7 @@ def launch_if_cached(a, b, bias, alpha: float, beta: float, activation: str, ran
     """The output of a cached launch (fastpath.CompiledLaunch) where a plan for these
     arguments, `rank`-D, is cached, else None: the ops try this before their checks
     (fastpath.py), as the key proves the call as valid as the one that planned it."""
-    if type(a) in _PLAIN_TENSORS and type(b) in _PLAIN_TENSORS and type(bias) in _PLAIN and a.dim() == rank:
+    if type(a) in PLAIN_TENSORS and type(b) in PLAIN_TENSORS and type(bias) in _PLAIN and a.dim() == rank:
         cached = _cache.get(_plan_key(a, b, bias, alpha, beta, activation))
         if cached is not None and cached.launch is not None:
             return _launch_cached(cached, a, b, bias, alpha, beta)

@@ -21,7 +21,7 @@ from torch.library import triton_op
 
 from tritonblas_ops import activations, fastpath
 from tritonblas_ops.activations import ACTIVATIONS, GATE_FUNCTIONS
-from tritonblas_ops.launch import launch_if_cached, ws_matmul
+from tritonblas_ops.launch import PLAIN_TENSORS, launch_if_cached, ws_matmul
 from tritonblas_ops.schemas import NAMESPACE, SCHEMAS, adopt_cpp_definitions, defined_schema
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -53,7 +53,7 @@ def _operands_plainly_valid(a, b, rank: int) -> bool:
     """Every check of _check_operands at once, for real tensors: one expression instead of
     ten torch._check calls on the eager hot path. False sends the caller to the checks."""
     return (
-        type(a) in _PLAIN_TENSORS and type(b) in _PLAIN_TENSORS
+        type(a) in PLAIN_TENSORS and type(b) in PLAIN_TENSORS
         and a.layout == torch.strided and b.layout == torch.strided
         and a.dim() == rank and b.dim() == rank
         and a.dtype == b.dtype and a.dtype in SUPPORTED_DTYPES and a.device == b.device
@@ -61,7 +61,6 @@ def _operands_plainly_valid(a, b, rank: int) -> bool:
     )
 
 
-_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)  # sizes are ints: no SymInt guards
 
 
 def _check_operands(op: str, a: Tensor, b: Tensor, rank: int) -> None:
@@ -106,7 +105,7 @@ def bias_broadcasts(shape, out_shape) -> bool:
 
 def _check_bias(bias: Tensor, a: Tensor, b: Tensor, op: str = "ws_addmm", name: str = "bias") -> None:
     out_shape = (a.shape[0], b.shape[1])
-    if (type(bias) in _PLAIN_TENSORS and bias.layout == torch.strided and bias.dtype == a.dtype
+    if (type(bias) in PLAIN_TENSORS and bias.layout == torch.strided and bias.dtype == a.dtype
             and bias.device == a.device and bias_broadcasts(bias.shape, out_shape)):
         return  # every check below in one expression, for real tensors (the eager hot path)
     _check_tensor(op, name, bias)
@@ -382,10 +381,11 @@ def _register_autograd(op, body, setup_context, backward, tangent, cached_launch
                 return dual.apply(*args, _Call(keyset, keyword_only_args))
         return reverse(keyset, *args, **keyword_only_args)
 
-    kernel = fastpath.skip_autograd_without_grads(autograd_kernel, body, cached_launch)
+    fast_body = fastpath.cached_launch_first(cached_launch, body)
+    kernel = fastpath.skip_autograd_without_grads(autograd_kernel, fast_body)
     for dispatch_key in ("AutogradCPU", "AutogradCUDA"):
         _LIBRARY.impl(op._name, kernel, dispatch_key, with_keyset=True)
-    fastpath.register_body(_LIBRARY, op._name, body, cached_launch)
+    fastpath.register_body(_LIBRARY, op._name, fast_body)
 
 
 # ---------------------------------------------------------------------------------------
