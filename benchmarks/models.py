@@ -29,10 +29,10 @@ timing --steps-per-trial back-to-back steps between two CUDA events. With --held
 stream holds H whole SMs for each whole timed window (benchmarks/sm_hog.py); a window the
 hog did not cover is redone longer. Rows: per-step milliseconds (p20 / p50 / p80 over
 trials), the ratio to `default` (above 1: faster), the kernels one step launches (counted by
-the profiler; of them, work-stealing GEMMs; their names go to the run's metadata, the JSON
-beside the CSV), and the output's relative error against `default`'s (0 where every
-kernel's bits agree). --smoke runs tiny fp32 models on the CPU (routing through Triton's
-interpreter): the plumbing only.
+the profiler; of them, work-stealing GEMMs; each kernel's name, launches and GPU
+microseconds go to the run's metadata, the JSON beside the CSV), and the output's relative
+error against `default`'s (0 where every kernel's bits agree). --smoke runs tiny fp32 models
+on the CPU (routing through Triton's interpreter): the plumbing only.
 """
 
 import argparse
@@ -259,17 +259,26 @@ def cpu_window_ms(step, steps: int) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def kernel_names(step) -> dict[str, int]:
-    """The kernels one step launches, by name, as the profiler sees them."""
+def kernel_names(step) -> dict[str, list]:
+    """The kernels one step launches, by name, as the profiler sees them: [count, GPU
+    microseconds] each (where a step's time goes: the decode step's, say)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-             and not e.name.startswith(("Memcpy", "Memset"))]
-    return dict(collections.Counter(names))
+    return tally_kernels(prof.events())
+
+
+def tally_kernels(events) -> dict[str, list]:
+    """Per kernel name of the profiler's GPU events: [launches, total microseconds]."""
+    launches, us = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")):
+            launches[e.name] += 1
+            us[e.name] += e.time_range.elapsed_us()
+    return {name: [count, round(us[name], 1)] for name, count in launches.items()}
 
 
 def measure_case(name: str, shape: Shape, step: str, graphs: bool, args, env) -> list[ModelRow]:
@@ -306,7 +315,7 @@ def measure_model(name: str, model: torch.nn.Module, x, grad, step: str, graphs:
         # The run's metadata keeps the names: what a variant launches besides the GEMMs.
         env.setdefault("kernels", {})[f"{name}/{step}/graphs {'on' if graphs else 'off'}/{variant}"] = names
         ws_names = [k for k in names or () if any(kernel in k for kernel in WS_KERNELS)]
-        counts[variant] = ((sum(names.values()), sum(names[k] for k in ws_names))
+        counts[variant] = ((sum(n for n, _ in names.values()), sum(names[k][0] for k in ws_names))
                            if names is not None else (None, None))
     reference = outputs.get("default")
 

@@ -424,3 +424,21 @@ def test_kernel_cache_keeps_the_newest_entries_that_fit(tmp_path):
     assert kernel_cache.restore(str(archive), str(tmp_path / "restored")) == 2
     assert (tmp_path / "restored" / "new" / "kernel.cubin").read_bytes() == (cache_dir / "new" / "kernel.cubin").read_bytes()
     assert kernel_cache.save(str(cache_dir), str(tmp_path / "none.tar.xz"), max_mib=0.1) == []
+
+
+def test_models_tally_each_kernel_launches_and_gpu_time():
+    """The run's metadata gets each GPU kernel's launches and summed microseconds; host
+    events and copies are left out."""
+    from types import SimpleNamespace
+
+    from benchmarks import models
+
+    def event(name, device, start, end):
+        return SimpleNamespace(name=name, device_type=device,
+                               time_range=SimpleNamespace(elapsed_us=lambda: end - start))
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [event("ws_matmul_kernel", cuda, 0, 7.25), event("triton_poi_fused", cuda, 8, 10),
+              event("ws_matmul_kernel", cuda, 11, 14.5), event("Memcpy HtoD", cuda, 15, 16),
+              event("aten::mm", cpu, 0, 20)]
+    assert models.tally_kernels(events) == {"ws_matmul_kernel": [2, 10.8], "triton_poi_fused": [1, 2.0]}
