@@ -104,7 +104,9 @@ def check_columns(csv_path: pathlib.Path, row_type: type) -> list[str]:
 
 def append(csv_path: pathlib.Path, rows: list, env: dict) -> None:
     """rows: dataclass instances of one type (Row, or another harness's own). A run that
-    appends as it goes (its rows kept if it is stopped) records its environment once."""
+    appends as it goes (its rows kept if it is stopped) keeps one record of its environment,
+    rewritten at each append: what the run adds to `env` as it goes (models.py's kernel
+    names per case) lands with the rows it belongs to."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     new = not csv_path.exists()
     header = check_columns(csv_path, type(rows[0]) if rows else Row)
@@ -115,8 +117,9 @@ def append(csv_path: pathlib.Path, rows: list, env: dict) -> None:
         writer.writerows(_rounded(dataclasses.asdict(r)) for r in rows)
     json_path = csv_path.with_suffix(".json")
     runs = json.loads(json_path.read_text()) if json_path.exists() else []
-    if not runs or runs[-1].get("timestamp") != env["timestamp"]:
-        json_path.write_text(json.dumps([*runs, env], indent=1, default=str) + "\n")
+    if runs and runs[-1].get("timestamp") == env["timestamp"]:
+        runs.pop()  # this run's earlier record
+    json_path.write_text(json.dumps([*runs, env], indent=1, default=str) + "\n")
 
 
 def _rounded(fields: dict) -> dict:

@@ -2,6 +2,7 @@
 shapes): every provider passes the float64 gate and lands in the CSV."""
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -135,8 +136,6 @@ def test_handoff_rows_carry_the_idle_floor_and_the_write_time(tmp_path, capsys):
     """benchmarks/handoff.py's plumbing, without a GPU: trials summarized into rows (idle has
     no GEMM times; only the providers that write the budget have a write time), the CSV and
     the table; a CSV of other columns and unknown providers are refused before any trial."""
-    import dataclasses
-
     from benchmarks import handoff, results
 
     out = tmp_path / "handoff.csv"
@@ -442,3 +441,25 @@ def test_models_tally_each_kernel_launches_and_gpu_time():
               event("ws_matmul_kernel", cuda, 11, 14.5), event("Memcpy HtoD", cuda, 15, 16),
               event("aten::mm", cpu, 0, 20)]
     assert models.tally_kernels(events) == {"ws_matmul_kernel": [2, 10.8], "triton_poi_fused": [1, 2.0]}
+
+
+def test_results_keep_what_a_run_adds_to_its_environment_as_it_goes(tmp_path):
+    """A run appending case by case keeps one JSON record, rewritten at each append (the
+    kernel names models.py adds after its first case were lost); the next run gets its own."""
+    from benchmarks import results
+
+    @dataclasses.dataclass
+    class Row:
+        case: str
+        ms: float
+
+    out = tmp_path / "rows.csv"
+    first = {"timestamp": "2026-12-07T08:00:00Z", "kernels": {"a": {"k": [1, 2.0]}}}
+    results.append(out, [Row("a", 1.0)], first)
+    first["kernels"]["b"] = {"k": [2, 4.0]}
+    results.append(out, [Row("b", 2.0)], first)
+    results.append(out, [Row("c", 3.0)], {"timestamp": "2026-12-07T09:00:00Z", "kernels": {}})
+    runs = json.loads(out.with_suffix(".json").read_text())
+    assert [run["timestamp"] for run in runs] == ["2026-12-07T08:00:00Z", "2026-12-07T09:00:00Z"]
+    assert set(runs[0]["kernels"]) == {"a", "b"}
+    assert [r["case"] for r in csv.DictReader(out.open())] == ["a", "b", "c"]
