@@ -31,12 +31,17 @@ def test_config_selector_splits_k_only_below_a_wave(dtype, monkeypatch):
 
 def test_config_selector_splits_a_tail_only_where_the_last_wave_is_mostly_idle(monkeypatch):
     """A split tail where a launch of a few waves would leave most of its last one idle (the
-    mid-size weight gradients of the corpus's models group: 144 or 176 tiles of 128x128 on
-    132 SMs), its split tiles' slices within two waves; not for launches of many waves (the
-    gain stays under TAIL_SPLIT_MIN_GAIN) nor of one wave or less (no whole tile)."""
+    mid-size weight gradients of the corpus's models group: 144 tiles of 128x128 on 132 SMs),
+    its split tiles' slices within two waves; not for launches of many waves (the gain stays
+    under TAIL_SPLIT_MIN_GAIN), of one wave or less (no whole tile), nor where the tail's
+    slices are short and one wave of wider whole tiles does (K = 4096: 176 tiles of 128x128
+    or 88 of 128x256, measured 0.70x of cuBLAS split, 0.78x whole; NOTES.md step 62)."""
     monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
     gpu = torch.device("cuda", 0)
-    for m, n, k in [(3072, 768, 8192), (768, 3072, 8192), (1024, 2816, 4096), (2816, 1024, 4096)]:
+    for m, n, k in [(1024, 2816, 4096), (2816, 1024, 4096)]:
+        config = select_config(m, n, k, 1, torch.bfloat16, gpu)
+        assert (config.block_m, config.block_n, config.split_k) == (128, 256, 1), (m, n, k)
+    for m, n, k in [(3072, 768, 8192), (768, 3072, 8192), (2304, 1024, 8192)]:
         config = select_config(m, n, k, 1, torch.bfloat16, gpu)
         tiles = num_tiles(m, n, 1, config)
         assert config.split_tail and config.split_k > 1 and tiles > 132, (m, n, k)
@@ -62,6 +67,21 @@ def test_batch_invariant_split_tails_split_the_chunks(monkeypatch):
     assert not configs.select_invariant_config(3072, 768, 8192, 1, torch.bfloat16, gpu, allow_split_k=False).split_tail
     assert not configs.select_invariant_config(768, 3072, 8192, 1, torch.bfloat16, gpu).split_k > 1
     assert not configs.select_invariant_config(8192, 1000, 14336, 1, torch.bfloat16, gpu).split_tail
+
+
+def test_config_selector_takes_the_measured_best_of_split_and_whole(monkeypatch):
+    """The cost model's price of split-K partials, fitted to an H100's sweep (NOTES.md step
+    62), picks the config that ran fastest there of those forced beside it: whole K on
+    128x128 for 2048x1024x32768 (0.963x of cuBLAS; 128x256 split in 2: 0.944), 128x128 split
+    in 2 for 128x8192x28672 (1.028; 128x256 split in 4: 1.000), and a split tail in 8 for
+    2304x1024x8192 (0.753; 128x256 whole: 0.649)."""
+    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    measured_best = {(2048, 1024, 32768): (128, 128, 1, False), (128, 8192, 28672): (128, 128, 2, False),
+                     (2304, 1024, 8192): (128, 128, 8, True)}
+    for shape, best in measured_best.items():
+        config = select_config(*shape, 1, torch.bfloat16, gpu)
+        assert (config.block_m, config.block_n, config.split_k, config.split_tail) == best, shape
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -164,9 +164,12 @@ WARP_SPECIALIZED_TILES = {
 
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_K_PER_SPLIT = 256  # shorter slices spend more on the pipeline's fill than on the dot
-# GPU FLOPs worth one byte of memory traffic (H200: ~790 TFLOP/s over ~4 TB/s): what a
-# byte of split-K partials costs in the model, in FLOPs of the best tile.
-FLOPS_PER_BYTE = 200
+# What a byte of split-K partials costs in the model, in FLOPs of the best tile: 4x the
+# H200's FLOP/byte ratio (~790 TFLOP/s over ~4 TB/s), fitted to an H100's sweep (NOTES.md
+# step 62): the partial's write, its reread and the wait between them overlap nothing, and a
+# split launch leaves the warp-specialized kernel. At 200, five shapes split K where a whole
+# K ran 2-11% faster (1024x2816x4096 0.70x of cuBLAS split against 0.78x whole).
+FLOPS_PER_BYTE = 800
 FIXED_K_STEPS = 2  # per work unit: pipeline fill and epilogue, in K steps of the tile
 # A sum unit reads its rows of every partial back at one SM's share of L2 (~150 GB/s
 # against its ~6 TFLOP/s). Fitted to the sweep in NOTES.md step 9, where one program summed
