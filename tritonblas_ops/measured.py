@@ -135,10 +135,10 @@ GPUS = (
         'num_sms': 132,
         'versions': 'torch 2.11.0+cu130, triton 3.6.0',
         'bandwidth_gbps': 2890.8,
-        'host_us': 23.12,
+        'host_us': 20.58,
         'runs': (
             'h100_bf16_warp_specialized.csv 2026-12-05T15:27:26Z',
-            'h100_bf16.csv 2026-12-06T04:33:45Z (host time)',
+            'h100_bf16.csv 2026-12-07T07:59:54Z (host time)',
         ),
         'shapes': {
             'bfloat16': (
