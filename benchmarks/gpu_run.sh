@@ -25,7 +25,8 @@
 # list either.
 # invariant (not in the default list, ~4 min on an H100): batch-invariant mode on 26 shapes (decode,
 # skinny, K-heavy, small, big), then the quick corpus with and without the mode, one after the other.
-# With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log.
+# With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log, and at the end
+# all of them (but the kernel cache) go into $OUT/run.tgz: `tar xzf run.tgz` where the call's files came back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for logs and results}
@@ -142,3 +143,9 @@ if has dtypes; then
     | tee "$OUT/bench_fp32_kmajor.log" | tail -16
 fi
 if [[ -d $TRITON_CACHE_DIR ]]; then python3 -m benchmarks.kernel_cache save $TRITON_CACHE_DIR "$OUT/triton_cache.tar.xz"; fi
+# A device call brings back at most 8 files: everything else in $OUT goes back as one archive
+# (built outside $OUT: tar fails on a folder that changes while it reads it).
+bundle=$(mktemp -d)/run.tgz
+if tar czf "$bundle" -C "$OUT" --exclude=triton_cache.tar.xz --exclude=run.tgz . && mv "$bundle" "$OUT/run.tgz"; then
+  find "$OUT" -maxdepth 1 -type f ! -name run.tgz ! -name triton_cache.tar.xz -delete
+fi
