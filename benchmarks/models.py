@@ -25,7 +25,8 @@ Steps: `forward` (inference, no_grad) and `train` (forward + backward, no optimi
 
 Each variant is compiled once, with a backend of its own (torch.compile keeps one compiled
 entry per backend), and warmed up; then --trials trials, the variants in rotating order, each
-timing --steps-per-trial back-to-back steps between two CUDA events. With --held H another
+timing --steps-per-trial back-to-back steps (more where those take under 20 ms: the row's
+steps_per_trial) between two CUDA events. With --held H another
 stream holds H whole SMs for each whole timed window (benchmarks/sm_hog.py); a window the
 hog did not cover is redone longer. Rows: per-step milliseconds (p20 / p50 / p80 over
 trials), the ratio to `default` (above 1: faster), the kernels one step launches (counted by
@@ -38,6 +39,7 @@ on the CPU (routing through Triton's interpreter): the plumbing only.
 import argparse
 import collections
 import dataclasses
+import math
 import pathlib
 import time
 
@@ -58,6 +60,7 @@ except ImportError:  # the progress bar is a nicety
 VARIANTS = ("default", "max_autotune", "routed", "routed_inline", "routed_fused", "routed_auto")
 STEPS = ("forward", "train")
 SAFETY = 2.0  # hog duration over the expected window, in its slowest (held) case
+MIN_WINDOW_MS = 20.0  # a trial's steps take at least this long (steps_per_trial)
 ATTEMPTS = 4
 # The kernels of the GEMM (the Triton one and the warp-specialized one) and the grouped GEMM
 WS_KERNELS = ("ws_matmul_kernel", "warp_specialized_matmul_kernel", "ws_grouped_kernel")
@@ -321,15 +324,25 @@ def measure_model(name: str, model: torch.nn.Module, x, grad, step: str, graphs:
 
     streams = (torch.cuda.Stream(), torch.cuda.Stream()) if device.type == "cuda" else None
     unheld = {v: window_ms(steps[v], 1, 0, 0, streams) for v in steps} if streams else {}
+    per_trial = steps_per_trial(args.steps_per_trial, min(unheld.values()) if unheld else None)
     rows = []
     for held in args.held:
-        times = _trials(steps, held, unheld, streams, args, env, name)
+        times = _trials(steps, held, unheld, streams, per_trial, args, env, name)
         model.zero_grad(set_to_none=True)
-        rows += _rows(times, counts, outputs, reference, name, step, graphs, held, args, env)
+        rows += _rows(times, counts, outputs, reference, name, step, graphs, held, per_trial, args, env)
     return rows
 
 
-def _trials(steps: dict, held: int, unheld: dict, streams, args, env, name: str) -> dict:
+def steps_per_trial(requested: int, step_ms: float | None) -> int:
+    """The requested steps per trial, or more to make a window of MIN_WINDOW_MS (step_ms:
+    one unheld step of the case's fastest variant; None on the CPU): windows of a few
+    host-bound steps spread by up to ~9% between identical variants (NOTES.md step 62)."""
+    if step_ms is None:
+        return requested
+    return max(requested, math.ceil(MIN_WINDOW_MS / step_ms))
+
+
+def _trials(steps: dict, held: int, unheld: dict, streams, per_trial: int, args, env, name: str) -> dict:
     """Per-step milliseconds of each variant, one sample per trial, variants rotating."""
     waves = env["num_sms"] / (env["num_sms"] - held) if streams else 1
     times = {v: [] for v in steps}
@@ -337,28 +350,28 @@ def _trials(steps: dict, held: int, unheld: dict, streams, args, env, name: str)
         order = list(steps)[trial % len(steps):] + list(steps)[:trial % len(steps)]
         for variant in order:
             if streams is None:
-                times[variant].append(cpu_window_ms(steps[variant], args.steps_per_trial) / args.steps_per_trial)
+                times[variant].append(cpu_window_ms(steps[variant], per_trial) / per_trial)
                 continue
-            hold_ms = SAFETY * args.steps_per_trial * unheld[variant] * waves
+            hold_ms = SAFETY * per_trial * unheld[variant] * waves
             for _ in range(ATTEMPTS):
-                window = window_ms(steps[variant], args.steps_per_trial, held, hold_ms, streams)
+                window = window_ms(steps[variant], per_trial, held, hold_ms, streams)
                 if window is not None:
                     break
                 hold_ms *= 2
             else:
                 raise RuntimeError(f"{name} {variant}: no window covered by the hog in {ATTEMPTS} attempts")
-            times[variant].append(window / args.steps_per_trial)
+            times[variant].append(window / per_trial)
     return times
 
 
-def _rows(times, counts, outputs, reference, name, step, graphs, held, args, env) -> list[ModelRow]:
+def _rows(times, counts, outputs, reference, name, step, graphs, held, per_trial, args, env) -> list[ModelRow]:
     rows = []
     for variant, samples in times.items():
         p20, p50, p80 = measure.quantiles(samples)
         kernels, ws_kernels = counts[variant]
         rows.append(ModelRow(
             **results.run_fields(env), model=name, step=step, variant=variant,
-            cuda_graphs=graphs, held_sms=held, steps_per_trial=args.steps_per_trial,
+            cuda_graphs=graphs, held_sms=held, steps_per_trial=per_trial,
             p20_ms=p20, p50_ms=p50, p80_ms=p80,
             kernels_per_step=kernels, ws_kernels_per_step=ws_kernels,
             rel_err=rel_error(outputs[variant], reference) if reference is not None else None,

@@ -4,6 +4,7 @@ shapes): every provider passes the float64 gate and lands in the CSV."""
 import csv
 import dataclasses
 import json
+import math
 import os
 import shutil
 
@@ -463,3 +464,13 @@ def test_results_keep_what_a_run_adds_to_its_environment_as_it_goes(tmp_path):
     assert [run["timestamp"] for run in runs] == ["2026-12-07T08:00:00Z", "2026-12-07T09:00:00Z"]
     assert set(runs[0]["kernels"]) == {"a", "b"}
     assert [r["case"] for r in csv.DictReader(out.open())] == ["a", "b", "c"]
+
+
+def test_models_trials_time_windows_of_at_least_min_window_ms():
+    """Short steps get more of them per trial (a window of MIN_WINDOW_MS), long ones the
+    requested count; the CPU smoke run (no unheld time) keeps the request."""
+    from benchmarks import models
+
+    assert models.steps_per_trial(10, 0.2) == math.ceil(models.MIN_WINDOW_MS / 0.2) > 10
+    assert models.steps_per_trial(10, 17.7) == 10
+    assert models.steps_per_trial(3, None) == 3
