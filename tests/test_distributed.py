@@ -279,9 +279,13 @@ def worker(out_dir: str) -> None:
             start = time.perf_counter()
             results[case.name] = run_case(case, mesh)
             print(f"rank {rank}: {case.name} took {time.perf_counter() - start:.1f} s", flush=True)
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        # No rank tears gloo down while the other's last messages are in flight: once, in a
+        # loaded CI run, a rank aborted after its last case ("terminate called without an
+        # active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 # ---------------------------------------------------------------------------------------
