@@ -262,7 +262,7 @@ def cpu_window_ms(step, steps: int) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def kernel_names(step) -> dict[str, list]:
+def step_kernels(step) -> dict[str, list]:
     """The kernels one step launches, by name, as the profiler sees them: [count, GPU
     microseconds] each (where a step's time goes: the decode step's, say)."""
     from torch.profiler import ProfilerActivity, profile
@@ -314,7 +314,7 @@ def measure_model(name: str, model: torch.nn.Module, x, grad, step: str, graphs:
         model.zero_grad(set_to_none=True)
     counts = {}
     for variant in steps:
-        names = kernel_names(steps[variant]) if device.type == "cuda" else None
+        names = step_kernels(steps[variant]) if device.type == "cuda" else None
         # The run's metadata keeps the names: what a variant launches besides the GEMMs.
         env.setdefault("kernels", {})[f"{name}/{step}/graphs {'on' if graphs else 'off'}/{variant}"] = names
         ws_names = [k for k in names or () if any(kernel in k for kernel in WS_KERNELS)]

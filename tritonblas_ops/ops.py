@@ -61,8 +61,6 @@ def _operands_plainly_valid(a, b, rank: int) -> bool:
     )
 
 
-
-
 def _check_operands(op: str, a: Tensor, b: Tensor, rank: int) -> None:
     if _operands_plainly_valid(a, b, rank):
         return
