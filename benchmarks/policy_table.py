@@ -11,8 +11,10 @@ warp-specialized kernel (the default on sm_90 since 5cf05ac; 0abe554's `bench
 --warp-specialized`, the Triton kernel elsewhere) and from the main file only where that
 run lacks them. Also the run's best torch.mm bandwidth (what a pointwise
 kernel the fusion removes would reach) and the eager op's host time per call (the latest
-`--overhead` run). The H100 has bf16 only (the warp-specialized run of 2026-12-05) and its
-own `--overhead` run (2026-12-06, in h100_bf16.csv).
+`--overhead` run). On the H100, bf16's main file comes first: its
+latest full corpus (2026-12-07) timed the default kernel as it is now (the warp-specialized
+kernel where it applies, split tails, FLOPS_PER_BYTE 800), the warp-specialized run of
+2026-12-05 fills in; fp16 and fp32 come from the quick corpus (2026-12-07).
 tests/test_benchmarks.py checks that the module matches these files.
 """
 
@@ -40,8 +42,12 @@ GPUS = {
         },
         device_file="h200_bf16.csv", host_file="h200_bf16.csv"),
     "h100": dict(
-        sources={"bfloat16": (("h100_bf16_warp_specialized.csv", "ws_warp_specialized"),)},
-        device_file="h100_bf16_warp_specialized.csv", host_file="h100_bf16.csv"),
+        sources={
+            "bfloat16": (("h100_bf16.csv", WORK_STEALING), ("h100_bf16_warp_specialized.csv", "ws_warp_specialized")),
+            "float16": (("h100_fp16.csv", WORK_STEALING),),
+            "float32": (("h100_fp32.csv", WORK_STEALING), ("h100_fp32_kmajor.csv", WORK_STEALING)),
+        },
+        device_file="h100_bf16.csv", host_file="h100_bf16.csv"),
 }
 PREFERRED = {"bfloat16"}  # dtypes whose files are alternatives, the first one's shapes first
 EAGER_OP = "ws_op"  # the overhead run's provider: the op called from Python, one call

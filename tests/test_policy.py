@@ -30,15 +30,17 @@ def test_the_measurements_cover_every_dtype_the_kernel_takes():
     assert 1000 < H200["bandwidth_gbps"] < 5000 and 5 < H200["host_us"] < 100
 
 
-def test_the_h100_has_bf16_measurements_of_its_own():
-    """The H100 SXM's entry: its own corpus run (bf16 only) and cuBLAS's times there, not
-    the H200's; fp16 and fp32 have no shapes, so they are never routed there."""
+def test_the_h100_has_measurements_of_its_own():
+    """The H100 SXM's entry: its own corpus runs (bf16 full, fp16 and fp32 quick) and cuBLAS's
+    times there, not the H200's."""
     h100 = policy._measurements("NVIDIA H100 80GB HBM3", 132)
     assert h100 is not None and h100 is not H200
-    assert set(h100["shapes"]) == {"bfloat16"} and len(h100["shapes"]["bfloat16"]) >= 50
+    assert set(h100["shapes"]) == {"bfloat16", "float16", "float32"}
+    assert len(h100["shapes"]["bfloat16"]) >= 50 and len(h100["shapes"]["float16"]) >= 10
     assert 1000 < h100["bandwidth_gbps"] < H200["bandwidth_gbps"]
-    assert h100["shapes"]["bfloat16"] != H200["shapes"]["bfloat16"]
-    assert predict(h100, torch.float16, 4096, 4096, 4096, saved_passes=0) is None
+    for dtype in h100["shapes"]:
+        assert h100["shapes"][dtype] != H200["shapes"][dtype]
+    assert predict(h100, torch.float16, 4096, 4096, 4096, saved_passes=0) is not None
     assert predict(h100, BF16, 4096, 4096, 4096, saved_passes=0) is not None
 
 
