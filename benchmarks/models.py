@@ -61,6 +61,9 @@ VARIANTS = ("default", "max_autotune", "routed", "routed_inline", "routed_fused"
 STEPS = ("forward", "train")
 SAFETY = 2.0  # hog duration over the expected window, in its slowest (held) case
 MIN_WINDOW_MS = 20.0  # a trial's steps take at least this long (steps_per_trial)
+# Steps profiled per variant, after its trials (a warm GPU): one step profiled right after
+# compiling summed the same kernels up to 10% apart between two variants (NOTES.md step 65)
+PROFILED_STEPS = 5
 ATTEMPTS = 4
 # The kernels of the GEMM (the Triton one and the warp-specialized one) and the grouped GEMM
 WS_KERNELS = ("ws_matmul_kernel", "warp_specialized_matmul_kernel", "ws_grouped_kernel")
@@ -230,8 +233,8 @@ class ModelRow(results.RunFields):
     p50_ms: float
     p80_ms: float
     vs_default: float | None = None  # default's p50 / this p50: above 1, faster
-    kernels_per_step: int | None = None
-    ws_kernels_per_step: int | None = None
+    kernels_per_step: int | float | None = None  # over PROFILED_STEPS steps
+    ws_kernels_per_step: int | float | None = None
     rel_err: float | None = None  # of one step's output against default's
 
 
@@ -262,26 +265,33 @@ def cpu_window_ms(step, steps: int) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def step_kernels(step) -> dict[str, list]:
-    """The kernels one step launches, by name, as the profiler sees them: [count, GPU
-    microseconds] each (where a step's time goes: the decode step's, say)."""
+def step_kernels(step, steps: int = PROFILED_STEPS) -> dict[str, list]:
+    """The kernels a step launches, by name, as the profiler sees them over `steps` steps:
+    [launches, GPU microseconds] each, per step (where a step's time goes: the decode
+    step's, say)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
+        for _ in range(steps):
+            step()
         torch.cuda.synchronize()
-    return tally_kernels(prof.events())
+    return tally_kernels(prof.events(), steps)
 
 
-def tally_kernels(events) -> dict[str, list]:
-    """Per kernel name of the profiler's GPU events: [launches, total microseconds]."""
+def tally_kernels(events, steps: int = 1) -> dict[str, list]:
+    """Per kernel name of the profiler's GPU events: [launches, microseconds] per step of
+    the `steps` the events span."""
     launches, us = collections.Counter(), collections.Counter()
     for e in events:
         if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")):
             launches[e.name] += 1
             us[e.name] += e.time_range.elapsed_us()
-    return {name: [count, round(us[name], 1)] for name, count in launches.items()}
+    return {name: [_per_step(count, steps), round(us[name] / steps, 1)] for name, count in launches.items()}
+
+
+def _per_step(count: int, steps: int) -> int | float:
+    return count // steps if count % steps == 0 else round(count / steps, 2)
 
 
 def measure_case(name: str, shape: Shape, step: str, graphs: bool, args, env) -> list[ModelRow]:
@@ -312,25 +322,26 @@ def measure_model(name: str, model: torch.nn.Module, x, grad, step: str, graphs:
             out = steps[variant]()
         outputs[variant] = out.detach().clone()
         model.zero_grad(set_to_none=True)
-    counts = {}
-    for variant in steps:
-        names = step_kernels(steps[variant]) if device.type == "cuda" else None
-        # The run's metadata keeps the names: what a variant launches besides the GEMMs.
-        env.setdefault("kernels", {})[f"{name}/{step}/graphs {'on' if graphs else 'off'}/{variant}"] = names
-        ws_names = [k for k in names or () if any(kernel in k for kernel in WS_KERNELS)]
-        counts[variant] = ((sum(n for n, _ in names.values()), sum(names[k][0] for k in ws_names))
-                           if names is not None else (None, None))
     reference = outputs.get("default")
 
     streams = (torch.cuda.Stream(), torch.cuda.Stream()) if device.type == "cuda" else None
     unheld = {v: window_ms(steps[v], 1, 0, 0, streams) for v in steps} if streams else {}
     per_trial = steps_per_trial(args.steps_per_trial, min(unheld.values()) if unheld else None)
-    rows = []
+    times = {}
     for held in args.held:
-        times = _trials(steps, held, unheld, streams, per_trial, args, env, name)
+        times[held] = _trials(steps, held, unheld, streams, per_trial, args, env, name)
         model.zero_grad(set_to_none=True)
-        rows += _rows(times, counts, outputs, reference, name, step, graphs, held, per_trial, args, env)
-    return rows
+    counts = {}
+    for variant in steps:
+        names = step_kernels(steps[variant]) if device.type == "cuda" else None
+        model.zero_grad(set_to_none=True)
+        # The run's metadata keeps the names: what a variant launches besides the GEMMs.
+        env.setdefault("kernels", {})[f"{name}/{step}/graphs {'on' if graphs else 'off'}/{variant}"] = names
+        ws_names = [k for k in names or () if any(kernel in k for kernel in WS_KERNELS)]
+        counts[variant] = ((sum(n for n, _ in names.values()), sum(names[k][0] for k in ws_names))
+                           if names is not None else (None, None))
+    return [row for held in args.held
+            for row in _rows(times[held], counts, outputs, reference, name, step, graphs, held, per_trial, args, env)]
 
 
 def steps_per_trial(requested: int, step_ms: float | None) -> int:

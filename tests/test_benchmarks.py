@@ -427,8 +427,8 @@ def test_kernel_cache_keeps_the_newest_entries_that_fit(tmp_path):
 
 
 def test_models_tally_each_kernel_launches_and_gpu_time():
-    """The run's metadata gets each GPU kernel's launches and summed microseconds; host
-    events and copies are left out."""
+    """The run's metadata gets each GPU kernel's launches and microseconds per profiled
+    step; host events and copies are left out."""
     from types import SimpleNamespace
 
     from benchmarks import models
@@ -442,6 +442,8 @@ def test_models_tally_each_kernel_launches_and_gpu_time():
               event("ws_matmul_kernel", cuda, 11, 14.5), event("Memcpy HtoD", cuda, 15, 16),
               event("aten::mm", cpu, 0, 20)]
     assert models.tally_kernels(events) == {"ws_matmul_kernel": [2, 10.8], "triton_poi_fused": [1, 2.0]}
+    # Over two steps: per step, a launch count that does not divide kept as a fraction
+    assert models.tally_kernels(events, steps=2) == {"ws_matmul_kernel": [1, 5.4], "triton_poi_fused": [0.5, 1.0]}
 
 
 def test_results_keep_what_a_run_adds_to_its_environment_as_it_goes(tmp_path):
