@@ -6,7 +6,9 @@ import dataclasses
 import json
 import math
 import os
+import pathlib
 import shutil
+import tarfile
 
 import pytest
 import torch
@@ -388,12 +390,15 @@ def _scale_kernel(x_ptr, n, BLOCK: tl.constexpr):
     tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * 2, mask=offsets < n)
 
 
-def test_kernel_cache_archive_gives_triton_a_cache_hit(tmp_path, monkeypatch):
+@pytest.mark.parametrize("binary_only", ["1", "0"])
+def test_kernel_cache_archive_gives_triton_a_cache_hit(tmp_path, monkeypatch, binary_only):
     """A kernel compiled (for sm_90, on the CPU) into the cache, archived, the cache
-    deleted and restored from the archive: Triton's next compile of it is a cache hit."""
+    deleted and restored from the archive: Triton's next compile of it is a cache hit,
+    though the archive left the compile's IR out (its `.source` always, the stages' IR
+    where Triton stored it)."""
     cache_dir = tmp_path / "cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache_dir))
-    monkeypatch.setenv("TRITON_STORE_BINARY_ONLY", "1")
+    monkeypatch.setenv("TRITON_STORE_BINARY_ONLY", binary_only)
     hits = []
     monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))
 
@@ -405,11 +410,16 @@ def test_kernel_cache_archive_gives_triton_a_cache_hit(tmp_path, monkeypatch):
     compile_kernel()
     archive = tmp_path / kernel_cache.ARCHIVE
     assert kernel_cache.save(str(cache_dir), str(archive))
+    stored = {path.suffix for path in cache_dir.rglob("*") if path.is_file()}
+    assert ".source" in stored and (".ptx" in stored) == (binary_only == "0")
+    with tarfile.open(archive) as tar:
+        archived = {pathlib.PurePath(name).suffix for name in tar.getnames()}
+    assert archived == {"", ".cubin", ".json"}  # the entry's folder, the binary, metadata and group
     shutil.rmtree(cache_dir)
     assert kernel_cache.restore(str(archive), str(cache_dir)) == 1
     compiled = compile_kernel()
     assert hits == [False, True]
-    assert compiled.asm["cubin"] and "ptx" not in compiled.asm  # binaries only
+    assert compiled.asm["cubin"] and "ptx" not in compiled.asm and "source" not in compiled.asm
 
 
 def test_kernel_cache_keeps_the_newest_entries_that_fit(tmp_path):
