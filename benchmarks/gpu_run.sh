@@ -25,6 +25,11 @@
 # list either.
 # invariant (not in the default list, ~4 min on an H100): batch-invariant mode on 26 shapes (decode,
 # skinny, K-heavy, small, big), then the quick corpus with and without the mode, one after the other.
+# Timed on an H100 with the kernel cache carried (2026-12-07, five calls: 466, 230, 340, 355, 231 s):
+# ws_tests ~3 min, grouped ~1.5, grouped_moe ~1.5; bench and invariant ~3.5 together; tests with
+# TESTS_K="split or exactly_once or invariant or chunks" 2 min, models_auto ~3.5; deploy ~3, then
+# overhead, contention and handoff ~1.5 together; overlap and dtypes ~2.5; saving the kernel cache
+# at the end ~1 min (before IR was left out of the archive, ~1.5).
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log, and at the end
 # all of them (but the kernel cache) go into $OUT/run.tgz: `tar xzf run.tgz` where the call's files came back.
 set -uo pipefail
