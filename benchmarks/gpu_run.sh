@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [sweep_splits] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_ab] [grouped_moe] [invariant]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [sweep_splits] [sweep_decode] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_ab] [grouped_moe] [invariant]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min (since the
 # warp-specialized kernel, 2026-12-05 on a fresh H100: tests ~6 min, ws_tests, its tests and the grouped GEMM's,
@@ -95,6 +95,11 @@ if has sweep || has sweep_splits; then  # sweep_splits (~2 min, not yet timed): 
   sweep 3072x768x8192,768x3072x8192 128x64x128w4s4k1c2,128x128x64w8s4k1c2,128x128x64w8s4k2c2r
   # and decode of that (N, K) with two chunks: today's tile, the chunks as split-K units, in turn
   sweep 1x3072x8192,16x3072x8192 64x32x256w4s4k1,64x64x128w4s6k2c2,64x32x256w4s4k1c2
+fi
+if has sweep_decode; then  # (~1 min, not yet timed) decode's short GEMMs: the key and value projections
+  # run at ~0.87x of cuBLAS (11 us against 9; NOTES.md step 64): narrower tiles and fewer, longer K slices
+  sweep 1x1024x4096,16x1024x4096,1x4096x4096,16x4096x4096 \
+    128x16x128w4s5k16t,128x16x128w4s5k8t,128x16x128w4s5k4t,64x16x128w4s5k16t,64x16x128w4s5k8t,128x16x64w4s8k8t
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8
