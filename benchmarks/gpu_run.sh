@@ -152,7 +152,9 @@ if has dtypes; then
   python3 -m benchmarks.bench --corpus quick --dtype fp32 --b-layout k-major --out "$OUT/${card}_fp32_kmajor.csv" 2>&1 \
     | tee "$OUT/bench_fp32_kmajor.log" | tail -16
 fi
-if [[ -d $TRITON_CACHE_DIR ]]; then python3 -m benchmarks.kernel_cache save $TRITON_CACHE_DIR "$OUT/triton_cache.tar.xz"; fi
+# SAVE_KERNELS=0 skips saving them (~1 min): a call followed by another on the same warm machine,
+# whose /tmp the next call finds as this one left it.
+if [[ -d $TRITON_CACHE_DIR && ${SAVE_KERNELS:-1} != 0 ]]; then python3 -m benchmarks.kernel_cache save $TRITON_CACHE_DIR "$OUT/triton_cache.tar.xz"; fi
 # A device call brings back at most 8 files: everything else in $OUT goes back as one archive
 # (built outside $OUT: tar fails on a folder that changes while it reads it).
 bundle=$(mktemp -d)/run.tgz
