@@ -96,10 +96,10 @@ if has sweep || has sweep_splits; then  # sweep_splits (~2 min, not yet timed): 
   # and decode of that (N, K) with two chunks: today's tile, the chunks as split-K units, in turn
   sweep 1x3072x8192,16x3072x8192 64x32x256w4s4k1,64x64x128w4s6k2c2,64x32x256w4s4k1c2
 fi
-if has sweep_decode; then  # (~1 min, not yet timed) decode's short GEMMs: the key and value projections
-  # run at ~0.87x of cuBLAS (11 us against 9; NOTES.md step 64): narrower tiles and fewer, longer K slices
-  sweep 1x1024x4096,16x1024x4096,1x4096x4096,16x4096x4096 \
-    128x16x128w4s5k16t,128x16x128w4s5k8t,128x16x128w4s5k4t,64x16x128w4s5k16t,64x16x128w4s5k8t,128x16x64w4s8k8t
+if has sweep_decode; then  # (~1 min) decode's short GEMMs (NOTES.md steps 66-67): the 64-row swapped tile
+  # the choice for B^T of ~2048 rows and fewer, beside the 128-row one it replaced and the splits not yet timed
+  sweep 1x1024x4096,16x1024x4096,1x2048x4096,16x2048x4096,1x1000x14336,1x4096x4096,16x4096x4096 \
+    128x16x128w4s5k16t,128x16x128w4s5k8t,128x16x128w4s5k4t,64x16x128w4s5k8t,64x16x128w4s5k4t,64x16x128w4s5k2t
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8

@@ -96,6 +96,25 @@ def test_config_selector_swaps_operands_only_for_a_few_rows(dtype, monkeypatch):
     assert not select_config(8, 8, 4096, 1, dtype, gpu).swap_ab  # N no wider than M
 
 
+def test_decode_short_projections_take_the_narrow_swapped_tile(monkeypatch):
+    """bf16 decode on 132 SMs, as measured on an H100 (NOTES.md step 67): B^T of 1024 rows
+    (8B's key and value projections) in 64-row tiles, 8 K slices (1.07x of cuBLAS, against
+    0.88x for 16 slices of 128-row tiles); 3072-4096 rows keep 128-row tiles in 4 slices, the
+    wide ones 128-row tiles whole."""
+    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+
+    def choice(m, n, k):
+        config = select_config(m, n, k, 1, torch.bfloat16, gpu)
+        assert config.swap_ab and not config.split_tail
+        return config.block_m, config.block_n, config.split_k
+
+    for m in (1, 16):
+        assert choice(m, 1024, 4096) == (64, 16, 8)
+        assert choice(m, 4096, 4096) == choice(m, 3072, 8192) == (128, 16, 4)
+        assert choice(m, 14336, 4096) == choice(m, 28672, 8192) == (128, 16, 1)
+
+
 # K chunks of every batch-invariant launch of an (N, K) on 132 SMs: 1 unless a decode
 # launch's 32-column tiles fill fewer than 66 SMs and each streams more than 256 KB of B
 # (bf16: K > 4096; fp32: K > 2048), then the fewest aligned chunks that fix either.

@@ -81,8 +81,15 @@ FP32_CONFIGS = (
 # For M <= SWAP_MAX_M (decode-like GEMMs, bound by streaming B) the problem is solved
 # transposed: B^T's N rows fill the tiles' 128 rows and M fits one 16-column tile; small
 # tiles leave shared memory for deep pipelines of long K steps, keeping more of B in flight.
+# The 64-row tile is for B^T's of ~2048 rows and fewer (decode's key and value
+# projections): 8 slices of 16 tiles beat 16 of 128-row ones by 1.2x (half the partials a
+# tile) on an H100; its efficiency is fitted so the model keeps 128 rows where they won
+# (N = 3072-4096, NOTES.md step 67).
 SWAP_MAX_M = 16
-HALF_SWAPPED_CONFIGS = (TileConfig(128, 16, 128, num_warps=4, num_stages=5, swap_ab=True),)
+HALF_SWAPPED_CONFIGS = (
+    TileConfig(128, 16, 128, num_warps=4, num_stages=5, swap_ab=True),
+    TileConfig(64, 16, 128, num_warps=4, num_stages=5, swap_ab=True, efficiency=0.5),
+)
 FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_ab=True),)
 
 # Batch-invariant tiles. An output element's bits depend on how K is cut into chunks that
