@@ -21,7 +21,8 @@
 # bench_models (the corpus's `models` group alone, the Triton kernel beside the default, ~1 min: what
 # policy "auto" lacks for the model benchmark; merge and regenerate as for bench) and models_auto (the
 # model benchmark's policy and fusion variants against default Inductor, CUDA graphs on and off: on the
-# H200 ~1.3 min for the four small models and ~1.5 min for llama_8b, 2026-12-05) are not in the default
+# H200 ~1.3 min for the four small models and ~1.5 min for llama_8b, 2026-12-05; with default compiled a
+# second time beside them since 2026-12-07, the spread's control, about a third more) are not in the default
 # list either.
 # invariant (not in the default list, ~4 min on an H100): batch-invariant mode on 26 shapes (decode,
 # skinny, K-heavy, small, big), then the quick corpus with and without the mode, one after the other.
@@ -107,7 +108,7 @@ has bench_models && python3 -m benchmarks.bench --corpus models --triton-kernel 
   --out "$OUT/${card}_bf16.csv" 2>&1 \
   | tee "$OUT/bench_models.log" | tail -20
 has models_auto && python3 -m benchmarks.models --models gpt2_mlp,llama_small,llama_8b,decode_8b_t1,decode_8b_t16 \
-  --variants default,routed_fused,routed_auto --trials 5 --out "$OUT/${card}_models.csv" 2>&1 | grep -v "^W[0-9]" \
+  --variants default,default_again,routed_fused,routed_auto --trials 5 --out "$OUT/${card}_models.csv" 2>&1 | grep -v "^W[0-9]" \
   | tee "$OUT/models_auto.log" | tail -40
 has contention && python3 -m benchmarks.bench --contention 0,8,20,33,66 --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/contention.log" | tail -12
 has overhead && python3 -m benchmarks.bench --overhead --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/overhead.log" | tail -12

@@ -1,7 +1,7 @@
 """Compiled models, default Inductor against routing: the model-level benchmark.
 
     python -m benchmarks.models [--models gpt2_mlp,llama_small,llama_8b,decode_8b_t1,decode_8b_t16]
-        [--variants default,max_autotune,routed,routed_inline,routed_fused,routed_auto]
+        [--variants default,default_again,max_autotune,routed,routed_inline,routed_fused,routed_auto]
         [--steps forward,train]
         [--graphs off,on] [--held 0,16,33] [--trials 7] [--out benchmarks/results/h200_models.csv]
 
@@ -14,7 +14,9 @@ Models (bf16, one block each, weights from one seed):
                 heads), FFN 14336, 4 x 2048 tokens
   decode_8b_tN  one decode step of llama_8b for N sequences (one new token each) against a
                 KV cache of 2048 tokens: forward only
-Variants: `default` (Inductor, routing off), `max_autotune` (Inductor's GEMM autotuning,
+Variants: `default` (Inductor, routing off), `default_again` (the same, compiled a second time:
+the spread between identical variants, which a ratio to `default` must exceed to mean
+anything; NOTES.md step 68), `max_autotune` (Inductor's GEMM autotuning,
 routing off), `routed` (every GEMM the lowering takes goes to the kernel: policy "all",
 the op call), `routed_inline` (the same, the kernel itself in the generated code),
 `routed_fused` (`routed` with epilogue fusion: a GEMM and its activation, or a GLU's product,
@@ -57,7 +59,7 @@ except ImportError:  # the progress bar is a nicety
     def tqdm(iterable, **_):
         return iterable
 
-VARIANTS = ("default", "max_autotune", "routed", "routed_inline", "routed_fused", "routed_auto")
+VARIANTS = ("default", "default_again", "max_autotune", "routed", "routed_inline", "routed_fused", "routed_auto")
 STEPS = ("forward", "train")
 SAFETY = 2.0  # hog duration over the expected window, in its slowest (held) case
 MIN_WINDOW_MS = 20.0  # a trial's steps take at least this long (steps_per_trial)

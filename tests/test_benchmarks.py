@@ -82,23 +82,25 @@ def test_overhead_smoke_run_times_every_provider(tmp_path):
 
 def test_models_smoke_run_times_every_model_step_and_variant(tmp_path):
     """benchmarks/models.py's plumbing: every (model, step, variant) row lands in the CSV,
-    decode has no training step, and the routed variants compute what default does."""
+    decode has no training step, the routed variants compute what default does, and the
+    second compile of default (the spread's control) its very bits."""
     from benchmarks import models
 
     out = tmp_path / "models.csv"
     models.main(["--smoke", "--models", "gpt2_mlp,decode_8b_t1", "--trials", "1",
-                 "--variants", "default,routed,routed_fused,routed_auto", "--steps-per-trial", "1",
+                 "--variants", "default,default_again,routed,routed_fused,routed_auto", "--steps-per-trial", "1",
                  "--out", str(out)])
     rows = list(csv.DictReader(out.open()))
     assert {(r["model"], r["step"], r["variant"]) for r in rows} == {
         (model, step, variant) for model, step in
         [("gpt2_mlp", "forward"), ("gpt2_mlp", "train"), ("decode_8b_t1", "forward")]
-        for variant in ("default", "routed", "routed_fused", "routed_auto")}
+        for variant in ("default", "default_again", "routed", "routed_fused", "routed_auto")}
     assert all(float(r["p50_ms"]) > 0 and float(r["vs_default"]) > 0 for r in rows)
     assert len(json.loads(out.with_suffix(".json").read_text())) == 1  # rows per case, one run
     # The kernel ran (not bitwise Inductor's: on the CPU every policy routes), and agrees.
     routed = [float(r["rel_err"]) for r in rows if r["variant"].startswith("routed")]
     assert all(0 < err < 1e-5 for err in routed)
+    assert all(float(r["rel_err"]) == 0 for r in rows if r["variant"] == "default_again")  # the control
 
 
 def test_models_table_fits_the_longest_model_name():
