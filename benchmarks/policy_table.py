@@ -30,13 +30,13 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 MODULE = pathlib.Path(__file__).parent.parent / "tritonblas_ops" / "measured.py"
 # Per GPU, the files per dtype, each with the provider that timed the default kernel there
 # (fp32's two files, B row-major and B K-major, form one table, so a prediction takes the
-# worse of the two layouts; bf16: the warp-specialized run's rows first, then the main
-# file's for the shapes it lacks), the file whose latest run names the device and versions,
+# worse of the two layouts; bf16: the main file's rows first, the default kernel as it is,
+# then the older warp-specialized run's for the shapes it lacks), the file whose latest run names the device and versions,
 # and the file of the `--overhead` runs.
 GPUS = {
     "h200": dict(
         sources={
-            "bfloat16": (("h200_bf16_warp_specialized.csv", "ws_warp_specialized"), ("h200_bf16.csv", WORK_STEALING)),
+            "bfloat16": (("h200_bf16.csv", WORK_STEALING), ("h200_bf16_warp_specialized.csv", "ws_warp_specialized")),
             "float16": (("h200_fp16.csv", WORK_STEALING),),
             "float32": (("h200_fp32.csv", WORK_STEALING), ("h200_fp32_kmajor.csv", WORK_STEALING)),
         },
