@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [sweep_splits] [sweep_decode] [bench] [bench_models] [epilogues] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_ab] [grouped_moe] [invariant]
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [tests] [ws_tests] [integration] [deploy] [sweep] [sweep_splits] [sweep_decode] [bench] [bench_models] [epilogues] [swap_bits] [contention] [overhead] [models_small] [models_8b] [models_auto] [handoff] [overlap] [dtypes] [ab] [grouped] [grouped_ab] [grouped_moe] [invariant]
 # Rough times on the H200 (a fresh machine compiles every kernel): tests (the kernel's, tests/test_gpu.py) ~5 min,
 # integration (every other -m gpu test but the deployment ones: routing, reliability, ...) ~4 min (since the
 # warp-specialized kernel, 2026-12-05 on a fresh H100: tests ~6 min, ws_tests, its tests and the grouped GEMM's,
@@ -104,6 +104,9 @@ if has sweep_decode; then  # (~1 min) decode's short GEMMs (NOTES.md steps 66-67
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8
+# swap_bits (not in the default list, under a minute): whether swapped decode tiles keep batch
+# invariance's bits (NOTES.md step 69)
+has swap_bits && python3 -m benchmarks.swap_bits 2>&1 | tee "$OUT/swap_bits.log" | tail -8
 has bench_models && python3 -m benchmarks.bench --corpus models --triton-kernel --warmup-ms 10 --rep-ms 30 \
   --out "$OUT/${card}_bf16.csv" 2>&1 \
   | tee "$OUT/bench_models.log" | tail -20

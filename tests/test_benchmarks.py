@@ -336,6 +336,22 @@ def test_policy_takes_the_default_kernels_rows_first():
     assert len(both) == 3
 
 
+def test_swap_bits_probe_reports_equal_bits_and_catches_a_different_order(capsys):
+    """benchmarks/swap_bits.py's plumbing: the swapped tile's C against the unswapped one's,
+    bit for bit, a line per shape; a config that sums K in another order (two slices) is
+    reported as differing, so the probe can tell."""
+    from benchmarks import swap_bits
+    from tritonblas_ops.config import TileConfig
+
+    assert swap_bits.main(["--smoke"]) == 0
+    assert "4x48x64 (M = 1..4): bitwise equal" in capsys.readouterr().out
+    torch.manual_seed(0)
+    split = TileConfig(16, 16, 16, num_warps=4, num_stages=1, split_k=2)
+    differ = swap_bits.differing_rows(4, 48, 64, torch.float32, torch.device("cpu"),
+                                      swap_bits.SMOKE_UNSWAPPED, (split,))
+    assert differ and all(line.endswith("16x16") for line in differ)
+
+
 def test_models_count_every_kernel_the_package_launches():
     """models.py's work-stealing kernel count matches the profiler's names of all three kernels."""
     from benchmarks import models

@@ -1,0 +1,72 @@
+"""Whether an output element's bits depend on which operand the MMA takes as A: the question
+that batch-invariant mode's decode tiles wait on (NOTES.md step 69).
+
+    python -m benchmarks.swap_bits [--shapes 1x4096x14336,...] [--smoke]
+
+Batch-invariant decode runs narrow unswapped tiles (64x32, K steps of 256), which keep too
+little of B in flight for the H200; normal mode's decode solves C^T = B^T @ A^T in 128x16
+or 64x16 tiles (K steps of 128) instead. Invariance may take the swapped tiles only if they
+give the unswapped tile's bits. For each shape and each M from 1 to 16 this computes C = A @ B
+through the unswapped tile and through both swapped ones, whole K (no split, no chunks),
+fresh random bf16 operands, and compares them bit for bit. Prints a line per shape and
+exits 1 where any differ. --smoke: tiny fp32 shapes on the CPU (Triton's interpreter), the
+plumbing only.
+"""
+
+import argparse
+import sys
+
+import torch
+
+from benchmarks import corpus
+from tritonblas_ops.config import TileConfig
+from tritonblas_ops.launch import ws_matmul
+
+UNSWAPPED = TileConfig(64, 32, 256, num_warps=4, num_stages=4)
+SWAPPED = (TileConfig(128, 16, 128, num_warps=4, num_stages=5, swap_ab=True),
+           TileConfig(64, 16, 128, num_warps=4, num_stages=5, swap_ab=True))
+SHAPES = "16x1024x4096,16x4096x4096,16x4096x14336,16x14336x4096,16x8192x28672"
+SMOKE_SHAPES = "4x48x64"
+SMOKE_UNSWAPPED = TileConfig(16, 16, 16, num_warps=4, num_stages=1)
+SMOKE_SWAPPED = (TileConfig(16, 16, 16, num_warps=4, num_stages=1, swap_ab=True),)
+
+
+def differing_rows(m_max: int, n: int, k: int, dtype, device, unswapped, swapped) -> list[str]:
+    """'M=<rows> <tile>' for every row count 1..m_max and swapped tile whose C differs from
+    the unswapped tile's in any bit."""
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    differ = []
+    for m in range(1, m_max + 1):
+        a = torch.randn(m, k, dtype=dtype, device=device)
+        reference = ws_matmul(a, b, config=unswapped)
+        for config in swapped:
+            if not torch.equal(ws_matmul(a, b, config=config), reference):
+                differ.append(f"M={m} {config.block_m}x{config.block_n}")
+    return differ
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.swap_bits", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", help="MxNxK,...: M is the largest row count tried")
+    parser.add_argument("--smoke", action="store_true", help="tiny fp32 shapes on the CPU")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        device, dtype = torch.device("cpu"), torch.float32
+        unswapped, swapped = SMOKE_UNSWAPPED, SMOKE_SWAPPED
+    else:
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        unswapped, swapped = UNSWAPPED, SWAPPED
+    shapes = corpus.parse_shapes(args.shapes or (SMOKE_SHAPES if args.smoke else SHAPES))
+    torch.manual_seed(0)
+    any_differ = False
+    for shape in shapes:
+        differ = differing_rows(shape.m, shape.n, shape.k, dtype, device, unswapped, swapped)
+        any_differ |= bool(differ)
+        verdict = f"differ: {', '.join(differ)}" if differ else "bitwise equal"
+        print(f"{shape.m}x{shape.n}x{shape.k} (M = 1..{shape.m}): {verdict}")
+    return 1 if any_differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
