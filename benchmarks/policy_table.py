@@ -31,8 +31,8 @@ MODULE = pathlib.Path(__file__).parent.parent / "tritonblas_ops" / "measured.py"
 # Per GPU, the files per dtype, each with the provider that timed the default kernel there
 # (fp32's two files, B row-major and B K-major, form one table, so a prediction takes the
 # worse of the two layouts; bf16: the main file's rows first, the default kernel as it is,
-# then the older warp-specialized run's for the shapes it lacks), the file whose latest run names the device and versions,
-# and the file of the `--overhead` runs.
+# then the older warp-specialized run's for the shapes it lacks), the file whose latest run
+# names the device and versions, and the file of the `--overhead` runs.
 GPUS = {
     "h200": dict(
         sources={

@@ -83,8 +83,8 @@ FP32_CONFIGS = (
 # tiles leave shared memory for deep pipelines of long K steps, keeping more of B in flight.
 # The 64-row tile is for B^T's of ~2048 rows and fewer (decode's key and value
 # projections): 8 slices of 16 tiles beat 16 of 128-row ones by 1.2x (half the partials a
-# tile) on an H100; its efficiency is fitted so the model keeps 128 rows where they won
-# (N = 3072-4096, NOTES.md step 67).
+# tile) on an H100, and run at 1.08x of cuBLAS on the H200; its efficiency is fitted so the
+# model keeps 128 rows where they won (N = 3072-4096, NOTES.md steps 67 and 69).
 SWAP_MAX_M = 16
 HALF_SWAPPED_CONFIGS = (
     TileConfig(128, 16, 128, num_warps=4, num_stages=5, swap_ab=True),
