@@ -6,10 +6,10 @@ that batch-invariant mode's decode tiles wait on (NOTES.md step 69).
 Batch-invariant decode runs narrow unswapped tiles (64x32, K steps of 256), which keep too
 little of B in flight for the H200; normal mode's decode solves C^T = B^T @ A^T in 128x16
 or 64x16 tiles (K steps of 128) instead. Invariance may take the swapped tiles only if they
-give the unswapped tile's bits. For each shape and each M from 1 to 16 this computes C = A @ B
-through the unswapped tile and through both swapped ones, whole K (no split, no chunks),
-fresh random bf16 operands, and compares them bit for bit. Prints a line per shape and
-exits 1 where any differ. --smoke: tiny fp32 shapes on the CPU (Triton's interpreter), the
+give the unswapped tile's bits. For each shape and each M from 1 to the shape's M (16 by
+default) this computes C = A @ B through the unswapped tile and through every swapped one
+(config.HALF_SWAPPED_CONFIGS), whole K (no split, no chunks), fresh random bf16 operands,
+and compares them bit for bit. Prints a line per shape and exits 1 where any differ. --smoke: tiny fp32 shapes on the CPU (Triton's interpreter), the
 plumbing only.
 """
 
@@ -19,12 +19,12 @@ import sys
 import torch
 
 from benchmarks import corpus
-from tritonblas_ops.config import TileConfig
+from tritonblas_ops.config import HALF_INVARIANT_CONFIGS, HALF_SWAPPED_CONFIGS, TileConfig
 from tritonblas_ops.launch import ws_matmul
 
-UNSWAPPED = TileConfig(64, 32, 256, num_warps=4, num_stages=4)
-SWAPPED = (TileConfig(128, 16, 128, num_warps=4, num_stages=5, swap_ab=True),
-           TileConfig(64, 16, 128, num_warps=4, num_stages=5, swap_ab=True))
+# Batch-invariant decode's tile (the narrowest invariant one) and normal mode's decode tiles
+UNSWAPPED = min(HALF_INVARIANT_CONFIGS, key=lambda config: config.block_n)
+SWAPPED = HALF_SWAPPED_CONFIGS
 SHAPES = "16x1024x4096,16x4096x4096,16x4096x14336,16x14336x4096,16x8192x28672"
 SMOKE_SHAPES = "4x48x64"
 SMOKE_UNSWAPPED = TileConfig(16, 16, 16, num_warps=4, num_stages=1)
