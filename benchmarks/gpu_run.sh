@@ -98,10 +98,11 @@ if has sweep || has sweep_splits; then  # sweep_splits (~2 min, not yet timed): 
   # and decode of that (N, K) with two chunks: today's tile, the chunks as split-K units, in turn
   sweep 1x3072x8192,16x3072x8192 64x32x256w4s4k1,64x64x128w4s6k2c2,64x32x256w4s4k1c2
 fi
-if has sweep_decode; then  # (~1 min) decode's short GEMMs (NOTES.md steps 66-67): the 64-row swapped tile
-  # the choice for B^T of ~2048 rows and fewer, beside the 128-row one it replaced and the splits not yet timed
-  sweep 1x1024x4096,16x1024x4096,1x2048x4096,16x2048x4096,1x1000x14336,1x4096x4096,16x4096x4096 \
-    128x16x128w4s5k16t,128x16x128w4s5k8t,128x16x128w4s5k4t,64x16x128w4s5k8t,64x16x128w4s5k4t,64x16x128w4s5k2t
+if has sweep_decode; then  # (~1 min) batch-invariant decode (NOTES.md step 70): the unswapped 64x32 tile it ran
+  # before, and transposed ones with pipelines of 5-11 stages, at the chunk counts of each (N, K)
+  sweep 1x4096x14336,16x4096x14336,1x4096x4096,16x4096x4096,1x3072x8192,1x8192x28672,16x1024x4096 \
+    64x32x256w4s4k1,64x16x128w4s5k1t,64x16x128w4s8k1t,64x16x128w4s11k1t,128x16x128w4s5k1t,128x16x128w4s6k1t
+  sweep 1x1000x14336,16x1000x14336 64x32x256w4s4k4c4,64x16x128w4s5k4c4t,64x16x128w4s8k4c4t,64x16x128w4s11k4c4t
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8

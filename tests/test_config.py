@@ -115,6 +115,32 @@ def test_decode_short_projections_take_the_narrow_swapped_tile(monkeypatch):
         assert choice(m, 14336, 4096) == choice(m, 28672, 8192) == (128, 16, 1)
 
 
+def test_batch_invariant_decode_takes_the_transposed_tile_where_it_fills_the_sms(monkeypatch):
+    """16-bit batch-invariant decode on 132 SMs (NOTES.md step 70): the transposed 64x16 tile,
+    its K chunks as split-K units, where tiles times chunks fill a quarter of the SMs (4096-
+    to 28672-wide weights whole, N = 1000 with K = 14336 in 4 chunks); the unswapped 32-column
+    tile, twice the tiles, where they would not (1024 x 4096: 16 units). TF32 never swaps,
+    nor a launch that may not (dynamic shapes), nor one of more than SWAP_MAX_M rows."""
+    monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    decode = configs.HALF_INVARIANT_DECODE_CONFIG
+
+    def choice(m, n, k, dtype=torch.bfloat16, **kwargs):
+        config = configs.select_invariant_config(m, n, k, 1, dtype, gpu, **kwargs)
+        return config.swap_ab, (config.block_m, config.block_n, config.block_k), config.split_k
+
+    swapped = (decode.block_m, decode.block_n, decode.block_k)
+    for m in (1, 16):
+        for n, k in [(4096, 14336), (14336, 4096), (4096, 4096), (8192, 28672)]:
+            assert choice(m, n, k) == (True, swapped, 1), (m, n, k)
+        assert choice(m, 1000, 14336) == (True, swapped, 4)
+        assert choice(m, 1024, 4096)[0] is False
+        assert choice(m, 4096, 14336, torch.float16)[0] is True
+        assert choice(m, 4096, 14336, torch.float32)[0] is False
+        assert choice(m, 4096, 14336, allow_swap_ab=False)[0] is False
+    assert choice(configs.SWAP_MAX_M + 1, 4096, 14336)[0] is False
+
+
 # K chunks of every batch-invariant launch of an (N, K) on 132 SMs: 1 unless a decode
 # launch's 32-column tiles fill fewer than 66 SMs and each streams more than 256 KB of B
 # (bf16: K > 4096; fp32: K > 2048), then the fewest aligned chunks that fix either.
@@ -133,7 +159,7 @@ def test_batch_invariant_configs_fix_the_chunk_ends_per_n_and_k(dtype, monkeypat
     (narrow with long K steps for decode, the big one for prefill). Chunked decode launches
     split the chunks into units and prefill ones sum them in each tile, whose two fp32
     accumulators fit in registers (at most 64 values a thread each). Chunks hold whole K
-    steps, none empty and none shorter than MIN_K_PER_SPLIT. No swap."""
+    steps, none empty and none shorter than MIN_K_PER_SPLIT. Only 16-bit decode swaps."""
     monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
     gpu = torch.device("cuda", 0)
     for (n, k), chunks in INVARIANT_CHUNKS[dtype].items():
@@ -141,7 +167,7 @@ def test_batch_invariant_configs_fix_the_chunk_ends_per_n_and_k(dtype, monkeypat
                 for m in (1, 16, 128, 1000, 4096, 8192) for ws in (False, True)}
         assert {chunk_ends(c, k) for c in by_m.values()} == {chunk_ends(by_m[1, False], k)}, (n, k)
         assert by_m[1, False].k_chunks == chunks, (n, k)
-        assert not any(c.swap_ab for c in by_m.values())
+        assert not any(c.swap_ab for (m, _), c in by_m.items() if m > configs.SWAP_MAX_M or dtype == torch.float32)
         if chunks > 1:
             assert by_m[1, False].split_k == chunks and by_m[8192, False].split_k == 1, (n, k)
             assert all(configs.fits_chunked(c) for c in by_m.values() if c.split_k == 1)

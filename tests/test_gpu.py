@@ -14,7 +14,8 @@ from triton import knobs
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops import activations, budget, counters, fastpath, launch, relayout
 from tritonblas_ops import device as devices
-from tritonblas_ops.config import FP32_INVARIANT_CONFIGS, HALF_INVARIANT_CONFIGS, TileConfig, select_config
+from tritonblas_ops.config import (FP32_INVARIANT_CONFIGS, HALF_INVARIANT_CONFIGS, HALF_INVARIANT_DECODE_CONFIG, TileConfig,
+                                  select_config)
 from tritonblas_ops.launch import ws_matmul
 from tritonblas_ops.plan import Knobs, Operand, OperandCopy, Schedule
 from tritonblas_ops.testing import (
@@ -532,7 +533,7 @@ def test_bits_depend_on_the_k_chunks_alone(m, n, k, precision):
     tiles = [TileConfig(bm, bn, bk, num_warps=w, num_stages=3, swap_ab=swap)
              for bm, bn, w in ((128, 256, 8), (64, 128, 4), (64, 32, 4), (128, 16, 4), (128, 32, 4))
              for bk in steps for swap in (False, True) if not (bn == 256 and bk == steps[1])]
-    tiles += FP32_INVARIANT_CONFIGS if fp32 else HALF_INVARIANT_CONFIGS  # their long K steps too
+    tiles += FP32_INVARIANT_CONFIGS if fp32 else HALF_INVARIANT_CONFIGS + (HALF_INVARIANT_DECODE_CONFIG,)
     for config, use_tma in itertools.product(tiles, (True, False)):
         assert torch.equal(ws_matmul(a, b, config=config, use_tma=use_tma), reference), (config, use_tma)
 
@@ -552,10 +553,11 @@ def batch_invariant():
 @pytest.mark.parametrize("n,k", [(4096, 4096), (1000, 14336), (512, 32768), (768, 8192)])
 def test_batch_invariant_rows_from_decode_to_prefill(name, n, k, precision, batch_invariant):
     """Every row of ws_mm(a[:m], b) bitwise equal to that row of ws_mm(a, b), m from 1 to
-    8192: tiles from 64x32 to 128x256 as M grows (K steps of 256 to 64), and where a decode
-    unit would stream much of B (N = 1000 with K = 14336, N = 512 with K = 32768, N = 768
-    with K = 8192) K in chunks that are split-K units for few rows, summed inside each tile
-    for many, and for 3072 and 4096 rows of N = 768 a split tail of both."""
+    8192: tiles from the transposed 64x16 (16-bit decode) and 64x32 to 128x256 as M grows
+    (K steps of 256 to 64), and where a decode unit would stream much of B (N = 1000 with
+    K = 14336, N = 512 with K = 32768, N = 768 with K = 8192) K in chunks that are split-K
+    units for few rows, summed inside each tile for many, and for 3072 and 4096 rows of
+    N = 768 a split tail of both."""
     dtype = DTYPES[precision]
     batches = 2 if name == "ws_bmm" else 1
     a = torch.randn(batches, 8192, k, dtype=dtype, device="cuda")
@@ -579,6 +581,8 @@ def test_batch_invariant_rows_from_decode_to_prefill(name, n, k, precision, batc
         assert torch.equal(call(rows), full[..., :rows, :]), rows
     if n == 768:
         assert launch.plan_for(a[0, :3072], b[0], None, 1.0, 1.0).config.split_tail
+    if n in (4096, 1000):  # 16-bit decode on the transposed tile
+        assert launch.plan_for(a[0, :16], b[0], None, 1.0, 1.0).swap_ab == (precision != "tf32")
 
 
 @pytest.mark.usefixtures("batch_invariant")

@@ -679,8 +679,8 @@ def test_gpu_llama_block_is_fully_routed(path):
 def test_batch_invariant_compiled_rows_do_not_depend_on_the_batch(cpu_routing, m_dependent_tiles):
     """A routed GEMM compiled for M rows gives each row the bits the full batch's compile
     gives it (the op call: its plan at run time), and the inline kernel is planned with the
-    same tile and K chunks for every M, split into units, or not, or a split tail (code
-    generation only, on the CPU)."""
+    same tile and K chunks for every M, transposed for the fewest rows, split into units, or
+    not, or a split tail (code generation only, on the CPU)."""
     tritonblas_ops.batch_invariant(True)
     x, w = randn(40, 96), randn(24, 96)
     linear = torch.compile(lambda x: F.linear(x, w), dynamic=False)
@@ -702,6 +702,6 @@ def test_batch_invariant_compiled_rows_do_not_depend_on_the_batch(cpu_routing, m
         for rows in (1, 5, 40):
             generated_code_only(lambda x: x @ w.t(), x[:rows], dynamic=False)
     assert len(planned) == 3
-    assert len({dataclasses.replace(p.config, split_k=1, split_tail=False) for p in planned}) == 1
+    assert len({dataclasses.replace(p.config, split_k=1, split_tail=False, swap_ab=False) for p in planned}) == 1
     assert [(p.config.split_k, p.config.split_tail) for p in planned] == [(3, False), (3, False), (3, True)]
-    assert planned[2].queue.whole_tiles == 4 and not any(p.swap_ab for p in planned)
+    assert planned[2].queue.whole_tiles == 4 and [p.swap_ab for p in planned] == [True, False, False]

@@ -4,7 +4,8 @@ split for some), so tests of batch invariance can fail there. Its small-M tiles 
 half the K step: a K split at whole steps, or a transposed product, may sum in the same
 order as the large-M tile (in December 2026's CI environment they did), so the step is what
 makes their bits differ. Batch-invariant configs sum K in chunks, as split-K units for
-few rows, inside each tile for more, and as a split tail for many, as on the GPU.
+few rows (on a transposed tile for the fewest), inside each tile for more, and as a split
+tail for many, as on the GPU.
 chunk_ends: where a config's K chunks end, the order-defining fact that batch-invariant
 configs share."""
 
@@ -24,12 +25,16 @@ def m_dependent_selector(m, n, k, batches, dtype, device, *, allow_split_k=True,
     return TileConfig(32, 32, 32, num_warps=4, num_stages=1)
 
 
-def chunked_invariant_selector(m, n, k, batches, dtype, device, *, allow_split_k=True, warp_specialized=False):
+def chunked_invariant_selector(m, n, k, batches, dtype, device, *, allow_split_k=True, allow_swap_ab=True,
+                               warp_specialized=False):
     """Batch-invariant configs on the CPU with K in chunks, split-K units for few rows (as
-    the GPU's cost model would pick), summed inside each tile for more, and for more than 32
-    split tail (whole tiles summing in turn, the rest split into chunks; 16x16 tiles: more
-    than the interpreter's 4 "SMs" for tens of rows)."""
+    the GPU's cost model would pick; for the fewest the transposed problem's tile, as 16-bit
+    decode takes on the GPU), summed inside each tile for more, and for more than 32 split
+    tail (whole tiles summing in turn, the rest split into chunks; 16x16 tiles: more than
+    the interpreter's 4 "SMs" for tens of rows)."""
     config = TileConfig(16, 16, 16, num_warps=4, num_stages=1, k_chunks=3)
+    if allow_split_k and allow_swap_ab and m <= 4:
+        return dataclasses.replace(config, split_k=3, swap_ab=True)
     if allow_split_k and (m <= 24 or m > 32):
         return dataclasses.replace(config, split_k=3, split_tail=m > 32)
     return config

@@ -95,21 +95,32 @@ FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_
 # Batch-invariant tiles. An output element's bits depend on how K is cut into chunks that
 # are accumulated from zero, and on nothing else of the launch: wgmma adds one K step's
 # products for an element alike whatever the tile's rows and columns, warps, stages or K
-# step (a longer step is more of the same 16-wide instructions in a row; checked on the
-# H200 and an H100 for bf16, fp16 and TF32: NOTES.md steps 24 and 33). So the tile follows
-# M: normal mode's tiles, and narrow ones that give decode launches enough tiles; those take
-# long K steps and deep pipelines, because a decode launch streams B and each SM needs
-# ~50 KB of it in flight (64x32 tiles of 64-wide steps had 16 KB: decode at 0.40-0.80x of
-# cuBLAS). Efficiencies of the narrow tiles are assumed, not measured. A tile that sums K
-# chunks in turn (k_chunks > 1, split_k 1) holds a chunk's accumulator and the running
-# total in registers: at most 64 fp32 values a thread each, so 128x128 takes 8 warps and
-# 128x256 runs chunks only as split-K units (one accumulator each).
+# step (a longer step is more of the same 16-wide instructions in a row), and whichever
+# operand it takes as A (checked on the H200 and an H100 for bf16, fp16 and TF32: NOTES.md
+# steps 24, 33 and 70). So the tile follows M: normal mode's tiles, and narrow ones that
+# give small launches enough tiles; those take long K steps and deep pipelines, because a
+# decode launch streams B and each SM needs ~50 KB of it in flight (64x32 tiles of 64-wide
+# steps had 16 KB: decode at 0.40-0.80x of cuBLAS). Efficiencies of the narrow tiles are
+# assumed, not measured. A tile that sums K chunks in turn (k_chunks > 1, split_k 1) holds
+# a chunk's accumulator and the running total in registers: at most 64 fp32 values a
+# thread each, so 128x128 takes 8 warps and 128x256 runs chunks only as split-K units (one
+# accumulator each).
 HALF_INVARIANT_CONFIGS = HALF_CONFIGS + (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, efficiency=0.93),
     TileConfig(128, 64, 128, num_warps=4, num_stages=4, efficiency=0.75),
     TileConfig(64, 64, 128, num_warps=4, num_stages=6, efficiency=0.5),
     TileConfig(64, 32, 256, num_warps=4, num_stages=4, efficiency=0.3),
 )
+# 16-bit decode (M <= SWAP_MAX_M < N) solves the transposed problem, as normal mode does:
+# B^T's rows fill 64-row tiles, whose 16-wide columns leave 8 stages of 128-long K steps
+# 128 KB of B in flight per SM; the unswapped 64x32 tile spends 2/3 of each stage on A's
+# padding rows and had 64 KB (decode at 0.55-0.74x of cuBLAS on the H200, NOTES.md step
+# 69). On an H100 this tile ran the 4096- to 8192-wide decode GEMMs at 0.96-1.08x with the
+# same K chunks, the unswapped one 0.59-0.90x (step 70). Taken where its units (tiles times
+# K chunks) fill at least DECODE_SWAP_MIN_FILL of the SMs: with half the unswapped tile's
+# tiles it lost where few were left (1024 wide: 16 units, 0.82x against 0.89x).
+HALF_INVARIANT_DECODE_CONFIG = TileConfig(64, 16, 128, num_warps=4, num_stages=8, swap_ab=True)
+DECODE_SWAP_MIN_FILL = 0.25
 FP32_INVARIANT_CONFIGS = FP32_CONFIGS + (
     TileConfig(128, 64, 64, num_warps=4, num_stages=4, efficiency=0.65),
     TileConfig(64, 64, 64, num_warps=4, num_stages=6, efficiency=0.45),
@@ -329,26 +340,36 @@ def invariant_k_chunks(n: int, k: int, element_size: int, candidates, units: int
     """The K chunk count of every batch-invariant launch of an (N, K) on `units` SMs: 1
     unless a decode launch's narrowest candidate tiles would fill fewer than half the SMs
     and each stream more than MAX_DECODE_UNIT_BYTES of B; then the fewest chunks that fix
-    either (their ends the same for every candidate tile's K step)."""
+    either (their ends the same for every candidate tile's K step and the decode tile's).
+    Counted over the unswapped tiles, as measured (NOTES.md step 48): the transposed decode
+    tile keeps as much of B in flight with the same chunks (step 70)."""
     narrowest = min(config.block_n for config in candidates)
     decode_tiles = -(-n // narrowest)
     unit_bytes = narrowest * k * element_size
-    choices = k_chunk_choices(k, {config.block_k for config in candidates})
+    choices = k_chunk_choices(k, {config.block_k for config in candidates} | {HALF_INVARIANT_DECODE_CONFIG.block_k})
     fixed = (c for c in choices if 2 * decode_tiles * c >= units or unit_bytes <= c * MAX_DECODE_UNIT_BYTES)
     return next(fixed, choices[-1])
 
 
 def select_invariant_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype, device: torch.device,
-                            *, allow_split_k: bool = True, warp_specialized: bool = False) -> TileConfig:
+                            *, allow_split_k: bool = True, allow_swap_ab: bool = True,
+                            warp_specialized: bool = False) -> TileConfig:
     """Batch-invariant launches: each output element summed in an order set by (N, K) alone,
     whatever M and the batch count: K in invariant_k_chunks chunks. Then the tile, and
-    whether the chunks are split-K units, follow this launch's M by the cost model
-    (warp_specialized: the launch may run on the warp-specialized kernel, whose chunks
-    restart cheaper; it changes the tile, never the chunks). No swap: the narrow tiles'
-    deep pipelines stream B for decode as normal mode's transposed tiles do."""
+    whether the chunks are split-K units, follow this launch's M: 16-bit decode on the
+    transposed problem's tile (allow_swap_ab, where its units fill DECODE_SWAP_MIN_FILL of
+    the SMs), the chunks its units; otherwise by the cost model (warp_specialized: the
+    launch may run on the warp-specialized kernel, whose chunks restart cheaper; it changes
+    the tile, never the chunks)."""
     if device.type == "cpu":
         return INTERPRETER_CONFIG
-    candidates = FP32_INVARIANT_CONFIGS if dtype == torch.float32 else HALF_INVARIANT_CONFIGS
+    fp32 = dtype == torch.float32
+    candidates = FP32_INVARIANT_CONFIGS if fp32 else HALF_INVARIANT_CONFIGS
     units = devices.num_compute_units(device)
     chunks = invariant_k_chunks(n, k, dtype.itemsize, candidates, units)
+    if allow_swap_ab and not fp32 and m <= SWAP_MAX_M < n:
+        decode = dataclasses.replace(HALF_INVARIANT_DECODE_CONFIG, k_chunks=chunks,
+                                     split_k=chunks if allow_split_k else 1)
+        if num_tiles(n, m, batches, decode) * decode.split_k >= DECODE_SWAP_MIN_FILL * units:
+            return decode
     return _invariant_choice(m, n, k, batches, chunks, candidates, units, allow_split_k, warp_specialized)

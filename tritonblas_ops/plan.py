@@ -296,7 +296,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
     sizes it plans for), `dynamic` (some size is symbolic: one program per SM, no K split,
     no swap) and `fits_int32` (whether an offset is known to stay below 2**31 - 1). `out`:
     the (B, M, N) output's layout when it is not a fresh tensor's. batch_invariant: the K
-    chunks ignore M and the batch count (no swap), so each output element is summed in the
+    chunks ignore M and the batch count, so each output element is summed in the
     same order whatever rows share the launch (a tile's rows are computed alike, masked or
     not; neither the tile's size nor its K step changes a chunk's sums); M picks only the
     tile and whether the chunks run as split-K units, which add the same values in the
@@ -340,7 +340,7 @@ def plan(a: Operand, b: Operand, bias: Operand | None, *, batched: bool, dtype: 
         config = knobs.config
     elif batch_invariant:
         config = select_invariant_config(hint(m), hint(n), hint(k), hint(batches), dtype, device,
-                                         allow_split_k=not dynamic,
+                                         allow_split_k=not dynamic, allow_swap_ab=not dynamic,
                                          warp_specialized=warp_specialize and not traced and devices.has_wgmma(device))
     else:
         config = select_config(hint(m), hint(n), hint(k), hint(batches), dtype, device,
