@@ -4,10 +4,10 @@ of batch-invariant mode's transposed decode tile (NOTES.md steps 69-70).
     python -m benchmarks.swap_bits [--shapes 1x4096x14336,...] [--smoke]
 
 Batch-invariant launches of one (N, K) run different tiles for different M and must give
-each row the same bits. 16-bit decode (M <= 16) solves C^T = B^T @ A^T on a transposed tile
-(config.HALF_INVARIANT_DECODE_CONFIG), more rows take unswapped ones. For each shape and
+each row the same bits. 16-bit decode (M <= 16) solves C^T = B^T @ A^T on transposed tiles
+(config.HALF_INVARIANT_DECODE_CONFIGS), more rows take unswapped ones. For each shape and
 each M from 1 to the shape's M (16 by default) this computes C = A @ B through the
-narrowest unswapped invariant tile and through every transposed one (that tile and normal
+narrowest unswapped invariant tile and through every transposed one (those and normal
 mode's, config.HALF_SWAPPED_CONFIGS), whole K (no split, no chunks), fresh random bf16
 operands, and compares them bit for bit. Prints a line per shape and exits 1 where any
 differ. --smoke: tiny fp32 shapes on the CPU (Triton's interpreter), the plumbing only.
@@ -19,12 +19,12 @@ import sys
 import torch
 
 from benchmarks import corpus
-from tritonblas_ops.config import HALF_INVARIANT_CONFIGS, HALF_INVARIANT_DECODE_CONFIG, HALF_SWAPPED_CONFIGS, TileConfig
+from tritonblas_ops.config import HALF_INVARIANT_CONFIGS, HALF_INVARIANT_DECODE_CONFIGS, HALF_SWAPPED_CONFIGS, TileConfig
 from tritonblas_ops.launch import ws_matmul
 
 # The narrowest unswapped invariant tile, and the transposed ones of both modes
 UNSWAPPED = min(HALF_INVARIANT_CONFIGS, key=lambda config: config.block_n)
-SWAPPED = (HALF_INVARIANT_DECODE_CONFIG, *HALF_SWAPPED_CONFIGS)
+SWAPPED = tuple(dict.fromkeys([config for config, _ in HALF_INVARIANT_DECODE_CONFIGS] + list(HALF_SWAPPED_CONFIGS)))
 SHAPES = "16x1024x4096,16x4096x4096,16x4096x14336,16x14336x4096,16x8192x28672"
 SMOKE_SHAPES = "4x48x64"
 SMOKE_UNSWAPPED = TileConfig(16, 16, 16, num_warps=4, num_stages=1)

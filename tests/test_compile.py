@@ -11,7 +11,7 @@ from triton.compiler import ASTSource
 from tritonblas_ops.activations import SLOPES
 from tritonblas_ops import config as configs
 from tritonblas_ops.config import (FP32_INVARIANT_CONFIGS, FP32_SWAPPED_CONFIGS, HALF_INVARIANT_CONFIGS,
-                                   HALF_SWAPPED_CONFIGS, WARP_SPECIALIZED_TILES)
+                                   HALF_INVARIANT_DECODE_CONFIGS, HALF_SWAPPED_CONFIGS, WARP_SPECIALIZED_TILES)
 from tritonblas_ops.grouped_kernel import ws_grouped_kernel
 from tritonblas_ops.kernel import ws_matmul_kernel
 from tritonblas_ops.warp_specialized_kernel import warp_specialized_matmul_kernel
@@ -87,14 +87,15 @@ def test_gemm_kernel_compiles(use_tma, split_k, work_stealing, k_chunks):
 
 
 # Every tile the selectors can pick: normal mode's (in the invariant lists), the invariant
-# ones and the transposed decode tiles.
-EVERY_TILE = ([(config, "bf16") for config in dict.fromkeys(HALF_INVARIANT_CONFIGS + HALF_SWAPPED_CONFIGS)]
+# ones and the transposed decode tiles of both modes.
+HALF_DECODE = tuple(config for config, _ in HALF_INVARIANT_DECODE_CONFIGS)
+EVERY_TILE = ([(config, "bf16") for config in dict.fromkeys(HALF_INVARIANT_CONFIGS + HALF_SWAPPED_CONFIGS + HALF_DECODE)]
               + [(config, "fp32") for config in dict.fromkeys(FP32_INVARIANT_CONFIGS + FP32_SWAPPED_CONFIGS)])
 
 
 @pytest.mark.parametrize("config,dtype", EVERY_TILE)
 def test_every_tile_fits_shared_memory(config, dtype):
-    """Every tile's pipeline (the invariant ones' long K steps and up to 6 stages included)
+    """Every tile's pipeline (the invariant ones' long K steps and up to 8 stages included)
     fits a Hopper SM's shared memory with C stored through TMA, K chunks summed in each tile
     where two accumulators fit (the launch's largest form): Triton 3.9 stages C apart from
     the pipeline, which TF32's 128x256 tile did not survive (NOTES.md step 49)."""

@@ -116,29 +116,32 @@ def test_decode_short_projections_take_the_narrow_swapped_tile(monkeypatch):
 
 
 def test_batch_invariant_decode_takes_the_transposed_tile_where_it_fills_the_sms(monkeypatch):
-    """16-bit batch-invariant decode on 132 SMs (NOTES.md step 70): the transposed 64x16 tile,
-    its K chunks as split-K units, where tiles times chunks fill a quarter of the SMs (4096-
-    to 28672-wide weights whole, N = 1000 with K = 14336 in 4 chunks); the unswapped 32-column
-    tile, twice the tiles, where they would not (1024 x 4096: 16 units). TF32 never swaps,
-    nor a launch that may not (dynamic shapes), nor one of more than SWAP_MAX_M rows."""
+    """16-bit batch-invariant decode on 132 SMs, as measured on an H100 (NOTES.md step 70):
+    transposed tiles, K chunks as split-K units; 128 rows where their units fill half the
+    SMs (14336- and 28672-wide weights), else 64 rows where theirs fill a quarter (3072- to
+    8192-wide, N = 1000 with K = 14336 in 4 chunks); else the unswapped 32-column tile,
+    twice the 64-row tile's count (1024 x 4096: 16 units). TF32 never swaps, nor a launch
+    that may not (dynamic shapes), nor one of more than SWAP_MAX_M rows."""
     monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
     gpu = torch.device("cuda", 0)
-    decode = configs.HALF_INVARIANT_DECODE_CONFIG
 
     def choice(m, n, k, dtype=torch.bfloat16, **kwargs):
         config = configs.select_invariant_config(m, n, k, 1, dtype, gpu, **kwargs)
-        return config.swap_ab, (config.block_m, config.block_n, config.block_k), config.split_k
+        return config.swap_ab, config.block_m, config.split_k
 
-    swapped = (decode.block_m, decode.block_n, decode.block_k)
     for m in (1, 16):
-        for n, k in [(4096, 14336), (14336, 4096), (4096, 4096), (8192, 28672)]:
-            assert choice(m, n, k) == (True, swapped, 1), (m, n, k)
-        assert choice(m, 1000, 14336) == (True, swapped, 4)
+        for n, k in [(14336, 4096), (28672, 8192)]:
+            assert choice(m, n, k) == (True, 128, 1), (m, n, k)
+        for n, k in [(3072, 8192), (4096, 14336), (4096, 4096), (8192, 28672)]:
+            assert choice(m, n, k) == (True, 64, 1), (m, n, k)
+        assert choice(m, 1000, 14336) == (True, 64, 4)
         assert choice(m, 1024, 4096)[0] is False
         assert choice(m, 4096, 14336, torch.float16)[0] is True
         assert choice(m, 4096, 14336, torch.float32)[0] is False
         assert choice(m, 4096, 14336, allow_swap_ab=False)[0] is False
     assert choice(configs.SWAP_MAX_M + 1, 4096, 14336)[0] is False
+    assert {configs.select_invariant_config(1, 4096, 14336, 1, torch.bfloat16, gpu).num_stages,
+            configs.select_invariant_config(1, 14336, 4096, 1, torch.bfloat16, gpu).num_stages} == {8, 5}
 
 
 # K chunks of every batch-invariant launch of an (N, K) on 132 SMs: 1 unless a decode

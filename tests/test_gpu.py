@@ -14,7 +14,7 @@ from triton import knobs
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops import activations, budget, counters, fastpath, launch, relayout
 from tritonblas_ops import device as devices
-from tritonblas_ops.config import (FP32_INVARIANT_CONFIGS, HALF_INVARIANT_CONFIGS, HALF_INVARIANT_DECODE_CONFIG, TileConfig,
+from tritonblas_ops.config import (FP32_INVARIANT_CONFIGS, HALF_INVARIANT_CONFIGS, HALF_INVARIANT_DECODE_CONFIGS, TileConfig,
                                   select_config)
 from tritonblas_ops.launch import ws_matmul
 from tritonblas_ops.plan import Knobs, Operand, OperandCopy, Schedule
@@ -533,7 +533,7 @@ def test_bits_depend_on_the_k_chunks_alone(m, n, k, precision):
     tiles = [TileConfig(bm, bn, bk, num_warps=w, num_stages=3, swap_ab=swap)
              for bm, bn, w in ((128, 256, 8), (64, 128, 4), (64, 32, 4), (128, 16, 4), (128, 32, 4))
              for bk in steps for swap in (False, True) if not (bn == 256 and bk == steps[1])]
-    tiles += FP32_INVARIANT_CONFIGS if fp32 else HALF_INVARIANT_CONFIGS + (HALF_INVARIANT_DECODE_CONFIG,)
+    tiles += FP32_INVARIANT_CONFIGS if fp32 else HALF_INVARIANT_CONFIGS + tuple(c for c, _ in HALF_INVARIANT_DECODE_CONFIGS)
     for config, use_tma in itertools.product(tiles, (True, False)):
         assert torch.equal(ws_matmul(a, b, config=config, use_tma=use_tma), reference), (config, use_tma)
 

@@ -112,15 +112,19 @@ HALF_INVARIANT_CONFIGS = HALF_CONFIGS + (
     TileConfig(64, 32, 256, num_warps=4, num_stages=4, efficiency=0.3),
 )
 # 16-bit decode (M <= SWAP_MAX_M < N) solves the transposed problem, as normal mode does:
-# B^T's rows fill 64-row tiles, whose 16-wide columns leave 8 stages of 128-long K steps
-# 128 KB of B in flight per SM; the unswapped 64x32 tile spends 2/3 of each stage on A's
-# padding rows and had 64 KB (decode at 0.55-0.74x of cuBLAS on the H200, NOTES.md step
-# 69). On an H100 this tile ran the 4096- to 8192-wide decode GEMMs at 0.96-1.08x with the
-# same K chunks, the unswapped one 0.59-0.90x (step 70). Taken where its units (tiles times
-# K chunks) fill at least DECODE_SWAP_MIN_FILL of the SMs: with half the unswapped tile's
-# tiles it lost where few were left (1024 wide: 16 units, 0.82x against 0.89x).
-HALF_INVARIANT_DECODE_CONFIG = TileConfig(64, 16, 128, num_warps=4, num_stages=8, swap_ab=True)
-DECODE_SWAP_MIN_FILL = 0.25
+# B^T's rows fill 64- or 128-row tiles of 16 columns, whose 128-long K steps leave 128-160 KB
+# of B in flight per SM; the unswapped 64x32 tile spends 2/3 of each stage on A's padding
+# rows and had 64 KB (decode at 0.55-0.74x of cuBLAS on the H200, NOTES.md step 69). With
+# the same K chunks, on an H100 (step 70): the 64-row tile in 8 stages ran the 3072- to
+# 8192-wide weights at 0.96-1.08x, the unswapped one 0.59-0.90x; normal mode's 128-row tile
+# beat it by 2-7% on the 14336- and 28672-wide ones, whose 64-row units run 1.7-3.4 waves.
+# The first of these whose units (tiles times K chunks) fill its share of the SMs; with
+# neither, the unswapped tiles, twice the 64-row tile's count (1024 wide: 16 transposed
+# units ran 0.82x against 0.89x).
+HALF_INVARIANT_DECODE_CONFIGS = (
+    (HALF_SWAPPED_CONFIGS[0], 0.5),  # 128x16x128, 5 stages
+    (TileConfig(64, 16, 128, num_warps=4, num_stages=8, swap_ab=True), 0.25),
+)
 FP32_INVARIANT_CONFIGS = FP32_CONFIGS + (
     TileConfig(128, 64, 64, num_warps=4, num_stages=4, efficiency=0.65),
     TileConfig(64, 64, 64, num_warps=4, num_stages=6, efficiency=0.45),
@@ -346,7 +350,8 @@ def invariant_k_chunks(n: int, k: int, element_size: int, candidates, units: int
     narrowest = min(config.block_n for config in candidates)
     decode_tiles = -(-n // narrowest)
     unit_bytes = narrowest * k * element_size
-    choices = k_chunk_choices(k, {config.block_k for config in candidates} | {HALF_INVARIANT_DECODE_CONFIG.block_k})
+    block_ks = {config.block_k for config in candidates} | {config.block_k for config, _ in HALF_INVARIANT_DECODE_CONFIGS}
+    choices = k_chunk_choices(k, block_ks)
     fixed = (c for c in choices if 2 * decode_tiles * c >= units or unit_bytes <= c * MAX_DECODE_UNIT_BYTES)
     return next(fixed, choices[-1])
 
@@ -357,10 +362,10 @@ def select_invariant_config(m: int, n: int, k: int, batches: int, dtype: torch.d
     """Batch-invariant launches: each output element summed in an order set by (N, K) alone,
     whatever M and the batch count: K in invariant_k_chunks chunks. Then the tile, and
     whether the chunks are split-K units, follow this launch's M: 16-bit decode on the
-    transposed problem's tile (allow_swap_ab, where its units fill DECODE_SWAP_MIN_FILL of
-    the SMs), the chunks its units; otherwise by the cost model (warp_specialized: the
-    launch may run on the warp-specialized kernel, whose chunks restart cheaper; it changes
-    the tile, never the chunks)."""
+    first transposed tile of HALF_INVARIANT_DECODE_CONFIGS whose units fill its share of the
+    SMs (allow_swap_ab), the chunks its units; otherwise by the cost model (warp_specialized:
+    the launch may run on the warp-specialized kernel, whose chunks restart cheaper; it
+    changes the tile, never the chunks)."""
     if device.type == "cpu":
         return INTERPRETER_CONFIG
     fp32 = dtype == torch.float32
@@ -368,8 +373,8 @@ def select_invariant_config(m: int, n: int, k: int, batches: int, dtype: torch.d
     units = devices.num_compute_units(device)
     chunks = invariant_k_chunks(n, k, dtype.itemsize, candidates, units)
     if allow_swap_ab and not fp32 and m <= SWAP_MAX_M < n:
-        decode = dataclasses.replace(HALF_INVARIANT_DECODE_CONFIG, k_chunks=chunks,
-                                     split_k=chunks if allow_split_k else 1)
-        if num_tiles(n, m, batches, decode) * decode.split_k >= DECODE_SWAP_MIN_FILL * units:
-            return decode
+        for config, min_fill in HALF_INVARIANT_DECODE_CONFIGS:
+            decode = dataclasses.replace(config, k_chunks=chunks, split_k=chunks if allow_split_k else 1)
+            if num_tiles(n, m, batches, decode) * decode.split_k >= min_fill * units:
+                return decode
     return _invariant_choice(m, n, k, batches, chunks, candidates, units, allow_split_k, warp_specialized)
