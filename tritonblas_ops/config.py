@@ -340,18 +340,17 @@ def _invariant_choice(m: int, n: int, k: int, batches: int, chunks: int, candida
     return _tail_or_best(tail, tail_cost, best, best_cost)
 
 
-def invariant_k_chunks(n: int, k: int, element_size: int, candidates, units: int) -> int:
+def invariant_k_chunks(n: int, k: int, element_size: int, candidates, units: int, decode_candidates=()) -> int:
     """The K chunk count of every batch-invariant launch of an (N, K) on `units` SMs: 1
     unless a decode launch's narrowest candidate tiles would fill fewer than half the SMs
     and each stream more than MAX_DECODE_UNIT_BYTES of B; then the fewest chunks that fix
-    either (their ends the same for every candidate tile's K step and the decode tile's).
+    either (their ends the same for every candidate's and decode candidate's K step).
     Counted over the unswapped tiles, as measured (NOTES.md step 48): the transposed decode
-    tile keeps as much of B in flight with the same chunks (step 70)."""
+    tiles keep as much of B in flight with the same chunks (step 70)."""
     narrowest = min(config.block_n for config in candidates)
     decode_tiles = -(-n // narrowest)
     unit_bytes = narrowest * k * element_size
-    block_ks = {config.block_k for config in candidates} | {config.block_k for config, _ in HALF_INVARIANT_DECODE_CONFIGS}
-    choices = k_chunk_choices(k, block_ks)
+    choices = k_chunk_choices(k, {config.block_k for config in candidates + decode_candidates})
     fixed = (c for c in choices if 2 * decode_tiles * c >= units or unit_bytes <= c * MAX_DECODE_UNIT_BYTES)
     return next(fixed, choices[-1])
 
@@ -370,10 +369,12 @@ def select_invariant_config(m: int, n: int, k: int, batches: int, dtype: torch.d
         return INTERPRETER_CONFIG
     fp32 = dtype == torch.float32
     candidates = FP32_INVARIANT_CONFIGS if fp32 else HALF_INVARIANT_CONFIGS
+    decode_configs = () if fp32 else HALF_INVARIANT_DECODE_CONFIGS
     units = devices.num_compute_units(device)
-    chunks = invariant_k_chunks(n, k, dtype.itemsize, candidates, units)
-    if allow_swap_ab and not fp32 and m <= SWAP_MAX_M < n:
-        for config, min_fill in HALF_INVARIANT_DECODE_CONFIGS:
+    chunks = invariant_k_chunks(n, k, dtype.itemsize, candidates, units,
+                                tuple(config for config, _ in decode_configs))
+    if allow_swap_ab and m <= SWAP_MAX_M < n:
+        for config, min_fill in decode_configs:
             decode = dataclasses.replace(config, k_chunks=chunks, split_k=chunks if allow_split_k else 1)
             if num_tiles(n, m, batches, decode) * decode.split_k >= min_fill * units:
                 return decode
