@@ -32,6 +32,8 @@
 # overhead, contention and handoff ~1.5 together; overlap and dtypes ~2.5; saving the kernel cache
 # at the end ~1 min (before IR was left out of the archive, ~1.5). On the H200 with the cache carried
 # (2026-12-07): ws_tests grouped grouped_moe 264 s, bench contention 90 s, handoff invariant 94 s.
+# On an H100 with the cache (2026-12-07, twenty-seventh session): swap_bits bench 82 s, sweep_decode
+# 50-75 s, swap_bits invariant plus tests with TESTS_K="invariant or chunks or swap or decode" 124 s.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log, and at the end
 # all of them (but the kernel cache) go into $OUT/run.tgz: `tar xzf run.tgz` where the call's files came back.
 set -uo pipefail
