@@ -95,9 +95,9 @@ FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_
 # Batch-invariant tiles. An output element's bits depend on how K is cut into chunks that
 # are accumulated from zero, and on nothing else of the launch: wgmma adds one K step's
 # products for an element alike whatever the tile's rows and columns, warps, stages or K
-# step (a longer step is more of the same 16-wide instructions in a row), and whichever
-# operand it takes as A (checked on the H200 and an H100 for bf16, fp16 and TF32: NOTES.md
-# steps 24, 33 and 70). So the tile follows M: normal mode's tiles, and narrow ones that
+# step (a longer step is more of the same 16-wide instructions in a row; checked on the
+# H200 and an H100 for bf16, fp16 and TF32: NOTES.md steps 24 and 33), and whichever operand
+# it takes as A (an H100: steps 33 and 70). So the tile follows M: normal mode's tiles, and narrow ones that
 # give small launches enough tiles; those take long K steps and deep pipelines, because a
 # decode launch streams B and each SM needs ~50 KB of it in flight (64x32 tiles of 64-wide
 # steps had 16 KB: decode at 0.40-0.80x of cuBLAS). Efficiencies of the narrow tiles are
