@@ -97,14 +97,14 @@ FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_
 # products for an element alike whatever the tile's rows and columns, warps, stages or K
 # step (a longer step is more of the same 16-wide instructions in a row; checked on the
 # H200 and an H100 for bf16, fp16 and TF32: NOTES.md steps 24 and 33), and whichever operand
-# it takes as A (an H100: steps 33 and 70). So the tile follows M: normal mode's tiles, and narrow ones that
-# give small launches enough tiles; those take long K steps and deep pipelines, because a
-# decode launch streams B and each SM needs ~50 KB of it in flight (64x32 tiles of 64-wide
-# steps had 16 KB: decode at 0.40-0.80x of cuBLAS). Efficiencies of the narrow tiles are
-# assumed, not measured. A tile that sums K chunks in turn (k_chunks > 1, split_k 1) holds
-# a chunk's accumulator and the running total in registers: at most 64 fp32 values a
-# thread each, so 128x128 takes 8 warps and 128x256 runs chunks only as split-K units (one
-# accumulator each).
+# it takes as A (an H100: steps 33 and 70). So the tile follows M: normal mode's tiles, and
+# narrow ones that give small launches enough tiles; those take long K steps and deep
+# pipelines, because a decode launch streams B and each SM needs ~50 KB of it in flight
+# (64x32 tiles of 64-wide steps had 16 KB: decode at 0.40-0.80x of cuBLAS). Efficiencies of
+# the narrow tiles are assumed, not measured. A tile that sums K chunks in turn (k_chunks >
+# 1, split_k 1) holds a chunk's accumulator and the running total in registers: at most 64
+# fp32 values a thread each, so 128x128 takes 8 warps and 128x256 runs chunks only as
+# split-K units (one accumulator each).
 HALF_INVARIANT_CONFIGS = HALF_CONFIGS + (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, efficiency=0.93),
     TileConfig(128, 64, 128, num_warps=4, num_stages=4, efficiency=0.75),
