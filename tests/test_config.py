@@ -19,7 +19,7 @@ def test_config_selector_splits_k_only_below_a_wave(dtype, monkeypatch):
     gpu = torch.device("cuda", 0)
     for m, n, k in [(8192, 8192, 8192), (4096, 14336, 4096), (3000, 5000, 2000), (1000, 1000, 1000)]:
         assert select_config(m, n, k, 1, dtype, gpu).split_k == 1, (m, n, k)
-    for m, n, k in [(16, 4096, 4096), (1, 4096, 14336), (256, 512, 32768), (1024, 1024, 16384)]:
+    for m, n, k in [(16, 3072, 8192), (1, 4096, 14336), (256, 512, 32768), (1024, 1024, 16384)]:
         config = select_config(m, n, k, 1, dtype, gpu)
         assert config.split_k > 1, (m, n, k)
         assert k // config.split_k >= configs.MIN_K_PER_SPLIT
@@ -97,22 +97,26 @@ def test_config_selector_swaps_operands_only_for_a_few_rows(dtype, monkeypatch):
 
 
 def test_decode_short_projections_take_the_narrow_swapped_tile(monkeypatch):
-    """bf16 decode on 132 SMs, as measured on an H100 (NOTES.md step 67): B^T of 1024 rows
-    (8B's key and value projections) in 64-row tiles, 8 K slices (1.07x of cuBLAS, against
-    0.88x for 16 slices of 128-row tiles); 3072-4096 rows keep 128-row tiles in 4 slices, the
-    wide ones 128-row tiles whole."""
+    """bf16 decode on 132 SMs, as measured on an H100 (NOTES.md steps 67 and 72): B^T of 1024
+    rows (8B's key and value projections) in 64-row tiles of 5 stages, 8 K slices (1.07x of
+    cuBLAS, against 0.88x for 16 slices of 128-row tiles); 4096 x 4096 in 64-row tiles of 8
+    stages, whole K (0.97 and 1.10x for M = 1 and 16, against 0.91 and 1.02x for 128-row ones in
+    4 slices); 3072 x 8192 and 4096 x 14336 keep 128-row tiles in 4 slices (the 8-stage tile
+    whole within 2% of them), the wide ones 128-row tiles whole. The 8-stage tile never splits."""
     monkeypatch.setattr(devices, "num_compute_units", lambda device: 132)
     gpu = torch.device("cuda", 0)
 
     def choice(m, n, k):
         config = select_config(m, n, k, 1, torch.bfloat16, gpu)
         assert config.swap_ab and not config.split_tail
-        return config.block_m, config.block_n, config.split_k
+        assert config.num_stages == 5 or config.split_k == 1
+        return config.block_m, config.num_stages, config.split_k
 
     for m in (1, 16):
-        assert choice(m, 1024, 4096) == (64, 16, 8)
-        assert choice(m, 4096, 4096) == choice(m, 3072, 8192) == (128, 16, 4)
-        assert choice(m, 14336, 4096) == choice(m, 28672, 8192) == (128, 16, 1)
+        assert choice(m, 1024, 4096) == (64, 5, 8)
+        assert choice(m, 4096, 4096) == choice(m, 6144, 4096) == (64, 8, 1)
+        assert choice(m, 3072, 8192) == choice(m, 4096, 14336) == (128, 5, 4)
+        assert choice(m, 14336, 4096) == choice(m, 28672, 8192) == (128, 5, 1)
 
 
 def test_batch_invariant_decode_takes_the_transposed_tile_where_it_fills_the_sms(monkeypatch):

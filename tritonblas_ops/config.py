@@ -35,6 +35,8 @@ class TileConfig:
     k_chunks: int = 1
     # Throughput of one SM with this tile, relative to the best tile (select_config's model).
     efficiency: float = dataclasses.field(default=1.0, compare=False)
+    # select_config never splits K on this tile (a measured loss where it would: see the tile).
+    whole_k_only: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def partial_bytes(self) -> int:
@@ -84,11 +86,17 @@ FP32_CONFIGS = (
 # The 64-row tile is for B^T's of ~2048 rows and fewer (decode's key and value
 # projections): 8 slices of 16 tiles beat 16 of 128-row ones by 1.2x (half the partials a
 # tile) on an H100, and run at 1.08x of cuBLAS on the H200; its efficiency is fitted so the
-# model keeps 128 rows where they won (N = 3072-4096, NOTES.md steps 67 and 69).
+# model keeps 128 rows where they won (N = 3072-4096, NOTES.md steps 67 and 69). Decode's
+# efficiencies follow the bytes of B a tile keeps in flight (stages x rows): 0.5 and, for
+# the 64-row tile in 8 stages, 0.8. That one runs whole K only: a launch of one partial wave
+# of whole tiles beat 128-row tiles in 2-4 slices by 1-8% (N = 3072-6144, an H100, step
+# 72), but its own split units lost to the 5-stage ones (N = 1000, K = 14336 in 4: 0.97
+# against 1.05x of cuBLAS) and to its whole K (N = 4096 in 2: 0.92 against 0.97x).
 SWAP_MAX_M = 16
 HALF_SWAPPED_CONFIGS = (
     TileConfig(128, 16, 128, num_warps=4, num_stages=5, swap_ab=True),
     TileConfig(64, 16, 128, num_warps=4, num_stages=5, swap_ab=True, efficiency=0.5),
+    TileConfig(64, 16, 128, num_warps=4, num_stages=8, swap_ab=True, efficiency=0.8, whole_k_only=True),
 )
 FP32_SWAPPED_CONFIGS = (TileConfig(128, 16, 64, num_warps=4, num_stages=5, swap_ab=True),)
 
@@ -267,7 +275,7 @@ def select_config(m: int, n: int, k: int, batches: int, dtype: torch.dtype,
     tail, tail_cost = None, None  # the best split tail
     for config in candidates:
         tiles = num_tiles(m, n, batches, config)
-        for split_k in SPLIT_K_CHOICES if allow_split_k else (1,):
+        for split_k in SPLIT_K_CHOICES if allow_split_k and not config.whole_k_only else (1,):
             if split_k > 1 and k // split_k < MIN_K_PER_SPLIT:
                 break
             if split_k == 1 or tiles * split_k <= 2 * units:
