@@ -100,7 +100,7 @@ if has sweep || has sweep_splits; then  # sweep_splits (~2 min, not yet timed): 
   # and decode of that (N, K) with two chunks: today's tile, the chunks as split-K units, in turn
   sweep 1x3072x8192,16x3072x8192 64x32x256w4s4k1,64x64x128w4s6k2c2,64x32x256w4s4k1c2
 fi
-if has sweep_decode; then  # (~1 min, less its last line: not yet timed) batch-invariant decode (NOTES.md step 70):
+if has sweep_decode; then  # (~1.5 min on a fresh H100, 2026-12-07) batch-invariant decode (NOTES.md step 70):
   # the unswapped 64x32 tile it ran before, and transposed ones with pipelines of 5-11 stages, at the
   # chunk counts of each (N, K)
   sweep 1x4096x14336,16x4096x14336,1x4096x4096,16x4096x4096,1x3072x8192,1x8192x28672,16x1024x4096 \
@@ -108,9 +108,10 @@ if has sweep_decode; then  # (~1 min, less its last line: not yet timed) batch-i
   sweep 1x1000x14336,16x1000x14336 64x32x256w4s4k4c4,64x16x128w4s5k4c4t,64x16x128w4s8k4c4t,64x16x128w4s11k4c4t
   # the widest weights: the chosen tile's 64 rows make 1.7-3.4 waves of units, normal mode's 128 rows half that
   sweep 1x14336x4096,16x14336x4096,1x28672x8192,16x28672x8192 64x16x128w4s8k1t,128x16x128w4s5k1t,128x16x128w4s6k1t
-  # normal mode's decode (step 71): its choice, 128x16 in 5 stages, mostly 4 K slices, beside deeper pipelines
-  sweep 1x4096x4096,16x4096x4096,1x3072x8192,1x4096x14336,1x6144x4096,1x8192x28672 \
-    64x16x128w4s8k1t,64x16x128w4s8k2t,64x16x128w4s8k4t,64x16x128w4s11k2t,128x16x128w4s6k2t,128x16x128w4s6k4t
+  # normal mode's decode since step 72: the 64-row tile of 8 stages, whole K, where it is the choice,
+  # beside the 128-row tile in the 2-4 K slices those shapes took before
+  sweep 1x4096x4096,16x4096x4096,1x6144x4096,1x3072x4096,1x5120x4096,1x8192x4096,1x8192x8192,1x6144x8192 \
+    128x16x128w4s5k2t,128x16x128w4s5k3t,128x16x128w4s5k4t
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8
