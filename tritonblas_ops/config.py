@@ -83,7 +83,7 @@ FP32_CONFIGS = (
 # For M <= SWAP_MAX_M (decode-like GEMMs, bound by streaming B) the problem is solved
 # transposed: B^T's N rows fill the tiles' 128 rows and M fits one 16-column tile; small
 # tiles leave shared memory for deep pipelines of long K steps, keeping more of B in flight.
-# The 64-row tile is for B^T's of ~2048 rows and fewer (decode's key and value
+# The 64-row tile of 5 stages is for B^T's of ~2048 rows and fewer (decode's key and value
 # projections): 8 slices of 16 tiles beat 16 of 128-row ones by 1.2x (half the partials a
 # tile) on an H100, and run at 1.08x of cuBLAS on the H200; its efficiency is fitted so the
 # model keeps 128 rows where they won (N = 3072-4096, NOTES.md steps 67 and 69). Decode's
