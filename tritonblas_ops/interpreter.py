@@ -4,7 +4,8 @@ The interpreter runs a kernel's programs one after another in numpy, atomics and
 included (its bf16 dot is wrong: launch.py computes bf16 from fp32 copies on the CPU).
 It keeps the grid position in module state, and while an interpreted kernel runs, the
 JITFunction helpers it calls must be interpreted too, which patches a process-wide class:
-so one interpreted launch runs at a time, whichever thread asks (LOCK).
+so one interpreted launch runs at a time, whichever thread asks (LOCK). The launch also
+swaps in a dot whose sums run in K order for every output element (_k_ordered_dot).
 """
 
 import functools
@@ -33,11 +34,13 @@ class InterpretedKernel:
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
+            from triton.runtime.interpreter import InterpreterBuilder
             from triton.runtime.jit import JITFunction
 
             with LOCK:
-                compiled_call = JITFunction.__call__
+                compiled_call, numpy_dot = JITFunction.__call__, InterpreterBuilder.create_dot
                 JITFunction.__call__ = self._interpreted_call
+                InterpreterBuilder.create_dot = _k_ordered_dot(numpy_dot)
                 try:
                     # inf - inf, 0 * inf and overflow are the IEEE results the GPU gives too;
                     # numpy would warn about each one.
@@ -45,7 +48,7 @@ class InterpretedKernel:
                         warnings.simplefilter("ignore", RuntimeWarning)
                         self._kernel[grid](*args, **kwargs)
                 finally:
-                    JITFunction.__call__ = compiled_call
+                    JITFunction.__call__, InterpreterBuilder.create_dot = compiled_call, numpy_dot
 
         return run
 
@@ -67,6 +70,27 @@ class InterpretedKernel:
             return helpers[id(jit_fn)].rewrite()(*args, **kwargs)
 
         return interpreted_call
+
+
+def _k_ordered_dot(numpy_dot):
+    """The interpreter's tl.dot with one summation order for every output element: the
+    products, rounded to the accumulator's dtype, added up in K order, then the accumulator.
+    numpy's matmul hands fp32 to BLAS, whose order depends on an element's place in its
+    micro-kernel and on the operands' layouts (OpenBLAS on an AMD EPYC: the transposed
+    problem's bits differ), where wgmma's depends on K alone, as batch invariance needs."""
+    from triton.runtime.interpreter import TensorHandle
+
+    def create_dot(builder, a, b, d, *args):
+        if a.data.ndim != 2 or a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:
+            return numpy_dot(builder, a, b, d, *args)
+        acc_dtype = d.data.dtype
+        products = a.data.astype(acc_dtype)[:, :, None] * b.data.astype(acc_dtype)[None, :, :]
+        total = products[:, 0, :].copy()
+        for k in range(1, products.shape[1]):
+            total += products[:, k, :]
+        return TensorHandle(total + d.data, d.dtype.scalar)
+
+    return create_dot
 
 
 def _check_numpy() -> None:
