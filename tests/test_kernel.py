@@ -304,6 +304,20 @@ def test_swapped_operands_match_the_reference(a_t, b_t, split_k):
         assert_matches(out, matmul_ref(a3, b3), tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True)])
+def test_swapped_tiles_give_the_unswapped_bits(a_t, b_t, dtype):
+    """As on the GPU (wgmma), an element's bits depend on its K order alone, not on which
+    operand a tile takes as A: the interpreter's dot adds products in K order for every
+    element (numpy's fp32 matmul on OpenBLAS, on an AMD EPYC, gave the transposed problem
+    other bits)."""
+    a, b = operand(5, 70, dtype, a_t), operand(70, 40, dtype, b_t)
+    unswapped = ws_matmul(a, b, config=SMALL, num_programs=3)
+    swapped = ws_matmul(a, b, config=dataclasses.replace(SMALL, swap_ab=True), num_programs=3)
+    assert torch.equal(swapped, unswapped)
+    assert_matches(swapped, matmul_ref(a, b), REL_TOLERANCE[dtype])
+
+
 @pytest.mark.parametrize("shape", [(5, 7), (1, 64, 64), (3, 70, 130)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_transposing_copy_kernel_is_exact(shape, dtype):
