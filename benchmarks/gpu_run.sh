@@ -114,6 +114,9 @@ if has sweep_decode; then  # (~1.5 min on a fresh H100, 2026-12-07) batch-invari
   # beside the 128-row tile in the 2-4 K slices those shapes took before
   sweep 1x4096x4096,16x4096x4096,1x6144x4096,1x3072x4096,1x5120x4096,1x8192x4096,1x8192x8192,1x6144x8192 \
     128x16x128w4s5k2t,128x16x128w4s5k3t,128x16x128w4s5k4t
+  # N = 1000, K = 14336 in normal mode (its choice, 128 rows in 16 slices, ran 0.90x): fewer slices
+  # of 64 rows, for a per-slice latency cost in the model (NOTES.md step 72)
+  sweep 1x1000x14336,16x1000x14336 64x16x128w4s5k4t,64x16x128w4s5k8t,128x16x128w4s5k8t
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8
