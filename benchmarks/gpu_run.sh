@@ -102,7 +102,7 @@ if has sweep || has sweep_splits; then  # sweep_splits (~2 min, not yet timed): 
   # and decode of that (N, K) with two chunks: today's tile, the chunks as split-K units, in turn
   sweep 1x3072x8192,16x3072x8192 64x32x256w4s4k1,64x64x128w4s6k2c2,64x32x256w4s4k1c2
 fi
-if has sweep_decode; then  # (~1.5 min on a fresh H100, 2026-12-07) batch-invariant decode (NOTES.md step 70):
+if has sweep_decode; then  # (~1.5 min on a fresh H100, 2026-12-07, before its last two lines) batch-invariant decode (NOTES.md step 70):
   # the unswapped 64x32 tile it ran before, and transposed ones with pipelines of 5-11 stages, at the
   # chunk counts of each (N, K)
   sweep 1x4096x14336,16x4096x14336,1x4096x4096,16x4096x4096,1x3072x8192,1x8192x28672,16x1024x4096 \
