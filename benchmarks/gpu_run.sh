@@ -102,7 +102,7 @@ if has sweep || has sweep_splits; then  # sweep_splits (~2 min, not yet timed): 
   # and decode of that (N, K) with two chunks: today's tile, the chunks as split-K units, in turn
   sweep 1x3072x8192,16x3072x8192 64x32x256w4s4k1,64x64x128w4s6k2c2,64x32x256w4s4k1c2
 fi
-if has sweep_decode; then  # (~1.5 min on a fresh H100, 2026-12-07, before its last two lines) batch-invariant decode (NOTES.md step 70):
+if has sweep_decode; then  # (~1.5 min on a fresh H100, 2026-12-07, before its last three lines) batch-invariant decode (NOTES.md step 70):
   # the unswapped 64x32 tile it ran before, and transposed ones with pipelines of 5-11 stages, at the
   # chunk counts of each (N, K)
   sweep 1x4096x14336,16x4096x14336,1x4096x4096,16x4096x4096,1x3072x8192,1x8192x28672,16x1024x4096 \
@@ -115,8 +115,12 @@ if has sweep_decode; then  # (~1.5 min on a fresh H100, 2026-12-07, before its l
   sweep 1x4096x4096,16x4096x4096,1x6144x4096,1x3072x4096,1x5120x4096,1x8192x4096,1x8192x8192,1x6144x8192 \
     128x16x128w4s5k2t,128x16x128w4s5k3t,128x16x128w4s5k4t
   # N = 1000, K = 14336 in normal mode (its choice, 128 rows in 16 slices, ran 0.90x): fewer slices
-  # of 64 rows, for a per-slice latency cost in the model (NOTES.md step 72)
+  # of 64 rows (NOTES.md step 72)
   sweep 1x1000x14336,16x1000x14336 64x16x128w4s5k4t,64x16x128w4s5k8t,128x16x128w4s5k8t
+  # 64 rows in 4, 6 and 8 slices on 1024- and 2048-row decode: where more units stop paying,
+  # for a bandwidth ceiling in the cost model (NOTES.md step 73)
+  sweep 1x1024x4096,16x1024x4096,1x2048x4096,16x2048x4096,1x1000x14336 \
+    64x16x128w4s5k4t,64x16x128w4s5k6t,64x16x128w4s5k8t,128x16x128w4s5k4t
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
 has epilogues && python3 -m benchmarks.epilogues 2>&1 | tee "$OUT/epilogues.log" | tail -8
