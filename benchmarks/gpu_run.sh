@@ -36,6 +36,7 @@
 # 50-75 s, swap_bits invariant plus tests with TESTS_K="invariant or chunks or swap or decode" 124 s.
 # On a fresh H100, no cache (2026-12-07, twenty-ninth session): sweep_decode 100 s, bench 98 s, tests
 # with TESTS_K="decode or swap or split_k_shapes" (55 tests) over 190 s (41 done by then).
+# On a fresh H100 (2026-12-08, thirtieth session): sweep_decode (before its last line) and invariant 236 s.
 # With no stage named, all of them run. Rows land in $OUT/*.csv, logs in $OUT/*.log, and at the end
 # all of them (but the kernel cache) go into $OUT/run.tgz: `tar xzf run.tgz` where the call's files came back.
 set -uo pipefail
