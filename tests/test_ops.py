@@ -6,6 +6,7 @@ import functools
 import pytest
 import torch
 from torch.library import opcheck
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tritonblas_ops  # noqa: F401
 from tritonblas_ops import activations
@@ -260,6 +261,75 @@ def test_torch_func_transforms():
     assert_matches(got, torch.func.grad(lambda x: torch.mm(x, b).square().sum())(a).double(), FP32)
     a3 = torch.randn(2, 5, 4)
     assert_matches(torch.func.vmap(ops.ws_mm, in_dims=(0, None))(a3, b), (a3 @ b).double(), FP32)
+
+
+VMAP_CASES = [  # (op, aten, operand shapes, in_dims, the op's calls): the vmap dimension in varied places
+    ("ws_mm", torch.mm, [(3, 5, 4), (4, 6)], (0, None), 1),
+    ("ws_mm", torch.mm, [(5, 4), (4, 3, 6)], (None, 1), 1),
+    ("ws_mm", torch.mm, [(5, 3, 4), (3, 4, 6)], (1, 0), 1),
+    ("ws_bmm", torch.bmm, [(3, 2, 5, 4), (2, 4, 6)], (0, None), 1),
+    ("ws_bmm", torch.bmm, [(2, 5, 4), (2, 4, 6, 3)], (None, 3), 1),
+    ("ws_bmm", torch.bmm, [(3, 2, 5, 4), (3, 2, 4, 6)], (0, 0), 1),
+    ("ws_addmm", torch.addmm, [(6,), (3, 5, 4), (4, 6)], (None, 0, None), 1),
+    ("ws_addmm", torch.addmm, [(5, 6), (5, 3, 4), (4, 6)], (None, 1, None), 1),
+    ("ws_addmm", torch.addmm, [(5, 1), (3, 5, 4), (4, 6)], (None, 0, None), 1),
+    ("ws_addmm", torch.addmm, [(3, 6), (5, 4), (4, 6)], (0, None, None), 1),
+    ("ws_addmm", torch.addmm, [(5, 3, 1), (3, 5, 4), (4, 6)], (1, 0, None), 1),
+    ("ws_addmm", torch.addmm, [(3,), (3, 5, 4), (4, 6)], (0, 0, None), 1),
+    ("ws_addmm", torch.addmm, [(6,), (3, 5, 4), (3, 4, 6)], (None, 0, 0), 3),  # no batched addmm
+]
+
+
+class _OpCalls(TorchDispatchMode):
+    """The tritonblas ops the dispatcher runs, after torch.func's transforms."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "tritonblas":
+            self.calls.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name, aten, shapes, in_dims, calls", VMAP_CASES)
+def test_vmap_runs_the_batch_in_one_call(name, aten, shapes, in_dims, calls):
+    """vmap over an op matches vmap over aten's, in one call of the op where a batched op can
+    take the batch (functorch's fallback would call it once per example)."""
+    operands = [torch.randn(shape) for shape in shapes]
+    kwargs = {"beta": 0.5, "alpha": 2.0} if name == "ws_addmm" else {}
+    with _OpCalls() as seen:
+        got = torch.func.vmap(functools.partial(getattr(ops, name), **kwargs), in_dims=in_dims)(*operands)
+    want = torch.func.vmap(functools.partial(aten, **kwargs), in_dims=in_dims)(*(t.double() for t in operands))
+    assert_matches(got, want, FP32)
+    assert len(seen.calls) == calls, seen.calls
+
+
+@pytest.mark.parametrize("name, shapes, in_dims, message", [
+    ("ws_mm", [(3, 4), (4, 6)], (0, None), "2-D"),  # each example's a is a vector
+    ("ws_mm", [(3, 5, 4), (5, 6)], (0, None), "inner dimensions"),
+    ("ws_bmm", [(3, 5, 4), (3, 4, 6)], (0, 0), "3-D"),
+    ("ws_addmm", [(3, 7), (3, 5, 4), (4, 6)], (0, 0, None), "bias"),
+])
+def test_vmap_checks_each_example_as_the_op_does(name, shapes, in_dims, message):
+    """The batching rules fold examples together: each example is checked first, so an
+    example of the wrong rank or size raises the op's own error."""
+    operands = [torch.randn(shape) for shape in shapes]
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.vmap(getattr(ops, name), in_dims=in_dims)(*operands)
+
+
+def test_gradients_through_vmap():
+    """Per-example gradients (vmap of grad) and the gradient of a vmapped op, as aten's."""
+    a, b = torch.randn(3, 5, 4), torch.randn(4, 6)
+    per_example = torch.func.vmap(torch.func.grad(lambda x, y: ops.ws_mm(x, y).square().sum(), argnums=1),
+                                  in_dims=(0, None))(a, b)
+    want = torch.func.vmap(torch.func.grad(lambda x, y: torch.mm(x, y).square().sum(), argnums=1),
+                           in_dims=(0, None))(a.double(), b.double())
+    assert_matches(per_example, want, FP32)
+    got = torch.func.grad(lambda y: torch.func.vmap(ops.ws_mm, in_dims=(0, None))(a, y).square().sum())(b)
+    assert_matches(got, torch.func.grad(lambda y: (a.double() @ y).square().sum())(b.double()), FP32)
 
 
 def test_nan_and_inf_inputs_raise_no_warnings_from_the_interpreter():

@@ -501,6 +501,68 @@ def ws_mm_gated(a: Tensor, b: Tensor, gate: Tensor, *, activation: str) -> Tenso
 
 
 # ---------------------------------------------------------------------------------------
+# vmap (torch.func): the batch in one launch, where functorch's fallback would warn and
+# call the op once per example. ws_mm_act and ws_mm_gated (routing's fused ops) keep it.
+# ---------------------------------------------------------------------------------------
+
+
+def _vmap_dim_first(x: Tensor, dim: int | None, size: int) -> Tensor:
+    """x with the vmap dimension first: moved there, or a new one expanded to `size`."""
+    return x.movedim(dim, 0) if dim is not None else x.expand(size, *x.shape)
+
+
+def _examples_checked(op: str, info, in_dims, *operands) -> None:
+    """The op's own checks on the first example's operands: folding the batch into the
+    rows would otherwise accept an example of the wrong rank."""
+    if info.batch_size > 0:
+        example = [x if dim is None else x.select(dim, 0) for x, dim in zip(operands, in_dims)]
+        if op == "ws_addmm":
+            _check_operands(op, *example[1:], rank=2)
+            _check_bias(*example)
+        else:
+            _check_operands(op, *example, rank=2 if op == "ws_mm" else 3)
+
+
+@ws_mm.register_vmap
+def _ws_mm_vmap(info, in_dims, a, b):
+    _examples_checked("ws_mm", info, in_dims, a, b)
+    a_dim, b_dim = in_dims
+    if b_dim is None:  # one weight: the examples' rows stack into one ws_mm
+        a = a.movedim(a_dim, 0)
+        return ws_mm(a.reshape(-1, a.shape[-1]), b).view(*a.shape[:2], b.shape[1]), 0
+    return ws_bmm(_vmap_dim_first(a, a_dim, info.batch_size), b.movedim(b_dim, 0)), 0
+
+
+@ws_bmm.register_vmap
+def _ws_bmm_vmap(info, in_dims, a, b):
+    _examples_checked("ws_bmm", info, in_dims, a, b)
+    a, b = (_vmap_dim_first(x, dim, info.batch_size) for x, dim in zip((a, b), in_dims))
+    out = ws_bmm(a.reshape(-1, *a.shape[2:]), b.reshape(-1, *b.shape[2:]))
+    return out.view(*a.shape[:2], *out.shape[1:]), 0
+
+
+@ws_addmm.register_vmap
+def _ws_addmm_vmap(info, in_dims, bias, a, b, *, beta=1.0, alpha=1.0):
+    _examples_checked("ws_addmm", info, in_dims, bias, a, b)
+    bias_dim, a_dim, b_dim = in_dims
+    size = info.batch_size
+    if b_dim is None:  # one weight: the examples' rows stack into one ws_addmm
+        a = _vmap_dim_first(a, a_dim, size)
+        rows, n = a.shape[0] * a.shape[1], b.shape[1]
+        if bias_dim is not None:  # each example's bias, broadcast over its rows
+            bias = bias.movedim(bias_dim, 0)
+            bias = bias.reshape(size, *(1,) * (3 - bias.dim()), *bias.shape[1:])
+            bias = bias.expand(size, a.shape[1], n).reshape(rows, n)
+        elif bias.dim() == 2 and bias.shape[0] != 1:  # a bias per row: every example's rows get it
+            bias = bias.repeat(size, 1)
+        out = ws_addmm(bias, a.reshape(rows, a.shape[-1]), b, beta=beta, alpha=alpha)
+        return out.view(size, a.shape[1], n), 0
+    # No batched addmm takes a weight per example: one call each, as the fallback would.
+    bias, a, b = (_vmap_dim_first(x, dim, size) for x, dim in zip((bias, a, b), in_dims))
+    return torch.stack([ws_addmm(bias[i], a[i], b[i], beta=beta, alpha=alpha) for i in range(size)]), 0
+
+
+# ---------------------------------------------------------------------------------------
 # Fake kernels: shapes only, same checks (the default would run the body)
 # ---------------------------------------------------------------------------------------
 
