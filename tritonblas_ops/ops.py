@@ -511,21 +511,18 @@ def _vmap_dim_first(x: Tensor, dim: int | None, size: int) -> Tensor:
     return x.movedim(dim, 0) if dim is not None else x.expand(size, *x.shape)
 
 
-def _examples_checked(op: str, info, in_dims, *operands) -> None:
-    """The op's own checks on the first example's operands: folding the batch into the
-    rows would otherwise accept an example of the wrong rank."""
-    if info.batch_size > 0:
-        example = [x if dim is None else x.select(dim, 0) for x, dim in zip(operands, in_dims)]
-        if op == "ws_addmm":
-            _check_operands(op, *example[1:], rank=2)
-            _check_bias(*example)
-        else:
-            _check_operands(op, *example, rank=2 if op == "ws_mm" else 3)
+def _first_example(info, in_dims, *operands) -> list[Tensor] | None:
+    """The first example's operands, for the op's own checks before a rule folds the batch
+    into rows (which would accept an example of the wrong rank); None for an empty batch."""
+    if info.batch_size == 0:
+        return None
+    return [x if dim is None else x.select(dim, 0) for x, dim in zip(operands, in_dims)]
 
 
 @ws_mm.register_vmap
 def _ws_mm_vmap(info, in_dims, a, b):
-    _examples_checked("ws_mm", info, in_dims, a, b)
+    if example := _first_example(info, in_dims, a, b):
+        _check_operands("ws_mm", *example, rank=2)
     a_dim, b_dim = in_dims
     if b_dim is None:  # one weight: the examples' rows stack into one ws_mm
         a = a.movedim(a_dim, 0)
@@ -535,7 +532,8 @@ def _ws_mm_vmap(info, in_dims, a, b):
 
 @ws_bmm.register_vmap
 def _ws_bmm_vmap(info, in_dims, a, b):
-    _examples_checked("ws_bmm", info, in_dims, a, b)
+    if example := _first_example(info, in_dims, a, b):
+        _check_operands("ws_bmm", *example, rank=3)
     a, b = (_vmap_dim_first(x, dim, info.batch_size) for x, dim in zip((a, b), in_dims))
     out = ws_bmm(a.reshape(-1, *a.shape[2:]), b.reshape(-1, *b.shape[2:]))
     return out.view(*a.shape[:2], *out.shape[1:]), 0
@@ -543,7 +541,9 @@ def _ws_bmm_vmap(info, in_dims, a, b):
 
 @ws_addmm.register_vmap
 def _ws_addmm_vmap(info, in_dims, bias, a, b, *, beta=1.0, alpha=1.0):
-    _examples_checked("ws_addmm", info, in_dims, bias, a, b)
+    if example := _first_example(info, in_dims, bias, a, b):
+        _check_operands("ws_addmm", *example[1:], rank=2)
+        _check_bias(*example)
     bias_dim, a_dim, b_dim = in_dims
     size = info.batch_size
     if b_dim is None:  # one weight: the examples' rows stack into one ws_addmm
