@@ -116,11 +116,11 @@ if has sweep_decode; then  # (~1.5 min on a fresh H100, 2026-12-07, before its l
   sweep 1x4096x4096,16x4096x4096,1x6144x4096,1x3072x4096,1x5120x4096,1x8192x4096,1x8192x8192,1x6144x8192 \
     128x16x128w4s5k2t,128x16x128w4s5k3t,128x16x128w4s5k4t
   # N = 1000, K = 14336 in normal mode (its choice, 128 rows in 16 slices, ran 0.90x): fewer slices
-  # of 64 rows (NOTES.md step 72)
-  sweep 1x1000x14336,16x1000x14336 64x16x128w4s5k4t,64x16x128w4s5k8t,128x16x128w4s5k8t
+  # of 64 rows (NOTES.md step 72; 6 slices since step 73)
+  sweep 1x1000x14336,16x1000x14336 64x16x128w4s5k4t,64x16x128w4s5k6t,64x16x128w4s5k8t,128x16x128w4s5k8t
   # 64 rows in 4, 6 and 8 slices on 1024- and 2048-row decode: where more units stop paying,
   # for a bandwidth ceiling in the cost model (NOTES.md step 73)
-  sweep 1x1024x4096,16x1024x4096,1x2048x4096,16x2048x4096,1x1000x14336 \
+  sweep 1x1024x4096,16x1024x4096,1x2048x4096,16x2048x4096 \
     64x16x128w4s5k4t,64x16x128w4s5k6t,64x16x128w4s5k8t,128x16x128w4s5k4t
 fi
 has bench && python3 -m benchmarks.bench --out "$OUT/${card}_bf16.csv" 2>&1 | tee "$OUT/bench.log" | tail -50
